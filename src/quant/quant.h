@@ -25,4 +25,8 @@ void dequantize_parallel(TensorType type, const void* src, float* dst, int64_t n
 // K-quants and IQ4 search their scales as llama.cpp's reference quantizer does.
 void quantize(TensorType type, const float* src, void* dst, int64_t rows, int64_t n_per_row);
 
+// Q8_K, the activation format of K-quant and IQ4_XS dot products (no file stores it): `n` f32 values, a
+// multiple of 256, -> n / 256 BlockQ8_K (quant/blocks.h).
+void quantize_q8_k(const float* src, void* dst, int64_t n);
+
 }  // namespace rf::quant

@@ -1,0 +1,39 @@
+// Dot products of one quantized weight row with one activation row: the inner loop of every CPU matrix
+// product. As in ggml, activations are quantized once per row to an 8-bit block format matching the weight's
+// blocks (Q8_0 for the 32-element types, Q8_K for K-quants and IQ4_XS), so kernels multiply integers and
+// apply the scales once per block. F32, F16 and BF16 weights take F32 activations.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "gguf/tensor_type.h"
+
+namespace rf::cpu {
+
+// The activation block format a weight type's dot product consumes. Throws for unsupported weight types.
+TensorType activation_type(TensorType weight_type);
+// Bytes of one activation row of `n` elements for that weight type.
+size_t activation_bytes(TensorType weight_type, int64_t n);
+// `n` f32 activations -> activation_bytes(weight_type, n) bytes at `dst`.
+void quantize_activation(TensorType weight_type, const float* x, void* dst, int64_t n);
+// Dot product of one weight row of `n` elements with one activation row in activation_type format.
+float vec_dot(TensorType weight_type, const void* weight_row, const void* activation, int64_t n);
+
+// The portable kernel behind vec_dot, whatever SIMD kernel the build selected: tests check one against the
+// other.
+float vec_dot_portable(TensorType weight_type, const void* weight_row, const void* activation, int64_t n);
+// Which kernel vec_dot runs for a type: "avx2+avx512vnni", "avx2+avxvnni", "avx2" or "portable".
+const char* vec_dot_kernel_name(TensorType weight_type);
+
+// Kernels: weight row, activation row, elements. Each kernel file exposes its own table by type; nullptr
+// where it has no kernel. vec_dot_portable.cpp covers every supported type; vec_dot_x86.cpp holds the AVX2
+// (+ VNNI) kernels and has none when built without AVX2, FMA and F16C.
+using VecDotFn = float (*)(const void* weight_row, const void* activation, int64_t n);
+VecDotFn portable_vec_dot_kernel(TensorType weight_type);
+struct NamedKernel {
+  VecDotFn kernel;
+  const char* name;
+};
+NamedKernel x86_vec_dot_kernel(TensorType weight_type);
+
+}  // namespace rf::cpu

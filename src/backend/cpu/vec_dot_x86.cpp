@@ -1,0 +1,411 @@
+// AVX2 dot-product kernels, with the AVX-VNNI / AVX-512 VNNI form of the multiply-add steps where the build
+// has it. Each kernel reads a block's quants with a few loads, turns them into bytes, multiplies bytes
+// pairwise with the activation bytes into 16-bit sums (maddubs: unsigned x signed), widens those with the
+// sub-block scale as multiplier into 32-bit sums (madd), and applies the float scales once per block.
+// Zero-centred levels are handled by multiplying |w| by sign(w) * a, which keeps maddubs' unsigned operand
+// unsigned; levels with a constant offset (Q3_K, Q6_K) are taken unsigned and the offset comes off through
+// the activation block sums. 512-bit registers measured no faster for Q4_K on the target machine (the
+// kernels are bound by instruction throughput, and 512-bit operations issue on fewer ports).
+#include "backend/cpu/vec_dot.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+#include <cstring>
+#include <type_traits>
+
+#include "quant/blocks.h"
+
+namespace rf::cpu {
+namespace {
+
+using namespace rf::quant;
+
+// VNNI fuses the widening multiply-adds with the accumulation: AVX-512 VNNI's 256-bit forms, or AVX-VNNI's.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define RF_VNNI 1
+constexpr const char* kKernelName = "avx2+avx512vnni";
+__m256i vnni_u8_i8(__m256i sum, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(sum, u, s); }
+__m256i vnni_i16_i16(__m256i sum, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(sum, a, b); }
+#elif defined(__AVXVNNI__)
+#define RF_VNNI 1
+constexpr const char* kKernelName = "avx2+avxvnni";
+__m256i vnni_u8_i8(__m256i sum, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(sum, u, s); }
+__m256i vnni_i16_i16(__m256i sum, __m256i a, __m256i b) { return _mm256_dpwssd_avx_epi32(sum, a, b); }
+#else
+constexpr const char* kKernelName = "avx2";
+#endif
+
+float half(uint16_t h) { return _cvtsh_ss(h); }
+
+float horizontal_sum(__m128 v) {
+  const __m128 sum2 = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(_mm_add_ss(sum2, _mm_movehdup_ps(sum2)));
+}
+
+float horizontal_sum(__m256 v) {
+  return horizontal_sum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+}
+
+__m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// sum += pairs * multipliers, 16-bit lanes widened to 32 (one instruction with VNNI).
+__m256i add_products_i16(__m256i sum, __m256i pairs, __m256i multipliers) {
+#ifdef RF_VNNI
+  return vnni_i16_i16(sum, pairs, multipliers);
+#else
+  return _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, multipliers));
+#endif
+}
+
+// 8 sums of 4 products of unsigned bytes u with signed bytes s.
+__m256i dot_u8_i8(__m256i u, __m256i s) {
+#ifdef RF_VNNI
+  return vnni_u8_i8(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// Same for signed w: |w| * (a with w's sign).
+__m256i dot_i8_i8(__m256i w, __m256i a) { return dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)); }
+
+// The 32 nibbles of 16 bytes, element order of the 32-element blocks: low nibbles then high nibbles.
+__m256i nibbles_32(const uint8_t* qs) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// Byte j = 0x10 where bit j of the little-endian u32 at qh is set (the fifth bit of Q5_0 / Q5_1): spread
+// byte k of the word over output bytes 8k..8k+7, then keep in byte j only bit j % 8. (AVX-512's movm would
+// take the word as a mask, but a mask load that crosses a cache line, as Q5_0's 22-byte blocks often do, is
+// slow.)
+__m256i fifth_bits_32(const uint8_t* qh) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, sizeof(bits));
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i bit_of_byte = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit_of_byte), bit_of_byte);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// IQ4_NL levels for 32 nibbles (16-entry table lookup per 128-bit lane).
+__m256i iq4_levels(__m256i nibbles) {
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles);
+}
+
+// ---- float weights, f32 activations ------------------------------------------------------------------------
+
+// Elements i..i+7 of an F32, F16 or BF16 row as f32.
+template <TensorType kType>
+__m256 load8(const void* row, int64_t i) {
+  if constexpr (kType == TensorType::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+  } else {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i));
+    if constexpr (kType == TensorType::F16) return _mm256_cvtph_ps(raw);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));  // BF16: an f32's top half
+  }
+}
+
+// Four independent accumulators hide the FMA latency; the last n % 8 elements go to the portable kernel.
+template <TensorType kType>
+float dot_float(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const float*>(a);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k)
+      acc[k] = _mm256_fmadd_ps(load8<kType>(w, i + 8 * k), _mm256_loadu_ps(x + i + 8 * k), acc[k]);
+  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load8<kType>(w, i), _mm256_loadu_ps(x + i), acc[0]);
+  float sum = horizontal_sum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  if (i < n) {
+    const size_t element_bytes = kType == TensorType::F32 ? 4 : 2;
+    sum += portable_vec_dot_kernel(kType)(static_cast<const uint8_t*>(w) + i * element_bytes, x + i, n - i);
+  }
+  return sum;
+}
+
+// ---- 32-element blocks, Q8_0 activations ----------------------------------------------------------------
+
+// Signed levels of the zero-centred types (x = d * level).
+__m256i levels_of(const BlockQ4_0& b) { return _mm256_sub_epi8(nibbles_32(b.qs), _mm256_set1_epi8(8)); }
+__m256i levels_of(const BlockQ5_0& b) {
+  return _mm256_sub_epi8(_mm256_or_si256(nibbles_32(b.qs), fifth_bits_32(b.qh)), _mm256_set1_epi8(16));
+}
+__m256i levels_of(const BlockQ8_0& b) { return load(b.qs); }
+__m256i levels_of(const BlockIQ4_NL& b) { return iq4_levels(nibbles_32(b.qs)); }
+
+// Sums block contributions, accumulate(b, acc) -> acc, into two accumulators so that consecutive blocks do
+// not wait on each other's FMAs.
+template <typename Accumulate>
+float sum_over_blocks(int64_t blocks, Accumulate accumulate) {
+  __m256 acc0 = _mm256_setzero_ps();
+  __m256 acc1 = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    acc0 = accumulate(b, acc0);
+    acc1 = accumulate(b + 1, acc1);
+  }
+  if (b < blocks) acc0 = accumulate(b, acc0);
+  return horizontal_sum(_mm256_add_ps(acc0, acc1));
+}
+
+template <typename Block>
+float dot_symmetric(const void* w, const void* a, int64_t n) {
+  const auto* weights = static_cast<const Block*>(w);
+  const auto* acts = static_cast<const BlockQ8_0*>(a);
+  return sum_over_blocks(n / kBlock, [&](int64_t b, __m256 acc) {
+    const __m256 scale = _mm256_set1_ps(half(weights[b].d) * half(acts[b].d));
+    const __m256i products = dot_i8_i8(levels_of(weights[b]), load(acts[b].qs));
+    return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(products), acc);
+  });
+}
+
+// Unsigned levels of the types with a minimum (x = d * level + m).
+__m256i levels_of(const BlockQ4_1& b) { return nibbles_32(b.qs); }
+__m256i levels_of(const BlockQ5_1& b) { return _mm256_or_si256(nibbles_32(b.qs), fifth_bits_32(b.qh)); }
+
+// The minimum multiplies the plain sum of the block's activation quants.
+template <typename Block>
+float dot_with_min(const void* w, const void* a, int64_t n) {
+  const auto* weights = static_cast<const Block*>(w);
+  const auto* acts = static_cast<const BlockQ8_0*>(a);
+  const __m256i ones = _mm256_set1_epi8(1);
+  return sum_over_blocks(n / kBlock, [&](int64_t b, __m256 acc) {
+    const float da = half(acts[b].d);
+    const __m256i q8 = load(acts[b].qs);
+    const __m256 products = _mm256_cvtepi32_ps(dot_u8_i8(levels_of(weights[b]), q8));
+    const __m256 sums = _mm256_cvtepi32_ps(dot_u8_i8(ones, q8));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(half(weights[b].d) * da), products, acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(half(weights[b].m) * da), sums, acc);
+  });
+}
+
+// ---- super-blocks, Q8_K activations ----------------------------------------------------------------------
+
+// Multipliers for one 32-byte register spanning two 16-element sub-blocks s and s + 1 (Q2_K, Q3_K, Q6_K):
+// 16-bit lanes 0-7 (bytes 0-15 after maddubs) get scales8[s], lanes 8-15 get scales8[s + 1].
+__m256i sub_block_pair_scales(__m128i scales8, int s) {
+  const __m128i pattern =
+      _mm_add_epi8(_mm_set1_epi8(static_cast<char>(s)), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+  return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales8, pattern));
+}
+
+// sum over 16-element sub-blocks of scales8[s] * bsums[s]: the correction for a constant level offset.
+__m256i scaled_bsums(__m128i scales8, const BlockQ8_K& act) {
+  return _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales8), load(act.bsums));
+}
+
+float dot_q2_k(const void* w, const void* a, int64_t n) {
+  const auto* weights = static_cast<const BlockQ2_K*>(w);
+  const auto* acts = static_cast<const BlockQ8_K*>(a);
+  const __m256i mask2 = _mm256_set1_epi8(3);
+  __m256 acc = _mm256_setzero_ps();
+  __m256 acc_min = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kSuperBlock; ++b) {
+    const BlockQ2_K& wb = weights[b];
+    const BlockQ8_K& ab = acts[b];
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales));
+    const __m128i scales8 = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
+    const __m128i mins8 = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F));
+    acc_min =
+        _mm256_fmadd_ps(_mm256_set1_ps(ab.d * half(wb.dmin)), _mm256_cvtepi32_ps(scaled_bsums(mins8, ab)), acc_min);
+    __m256i sum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      __m256i bits = load(wb.qs + 32 * h);
+      for (int k = 0; k < 4; ++k, bits = _mm256_srli_epi16(bits, 2)) {
+        const __m256i levels = _mm256_and_si256(bits, mask2);
+        const __m256i pairs = _mm256_maddubs_epi16(levels, load(ab.qs + 128 * h + 32 * k));
+        sum = add_products_i16(sum, pairs, sub_block_pair_scales(scales8, 8 * h + 2 * k));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * half(wb.d)), _mm256_cvtepi32_ps(sum), acc);
+  }
+  return horizontal_sum(_mm256_sub_ps(acc, acc_min));
+}
+
+float dot_q3_k(const void* w, const void* a, int64_t n) {
+  const auto* weights = static_cast<const BlockQ3_K*>(w);
+  const auto* acts = static_cast<const BlockQ8_K*>(a);
+  const __m256i mask2 = _mm256_set1_epi8(3);
+  const __m256i bit2 = _mm256_set1_epi8(4);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kSuperBlock; ++b) {
+    const BlockQ3_K& wb = weights[b];
+    const BlockQ8_K& ab = acts[b];
+    const Q3KScaleWords biased = q3_k_scale_words(wb.scales);
+    const __m128i scales8 =
+        _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(biased.word[0]), static_cast<int>(biased.word[1]),
+                                    static_cast<int>(biased.word[2]), static_cast<int>(biased.word[3])),
+                     _mm_set1_epi8(32));
+    // Levels are taken as 0..7 (low bits | high bit << 2); the -4 comes off through the block sums.
+    __m256i sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(scaled_bsums(scales8, ab), 2));
+    __m256i high = load(wb.hmask);  // bit 4h + k of byte l: the high bit of element 128h + 32k + l
+    for (int h = 0; h < 2; ++h) {
+      __m256i bits = load(wb.qs + 32 * h);
+      for (int k = 0; k < 4; ++k, bits = _mm256_srli_epi16(bits, 2), high = _mm256_srli_epi16(high, 1)) {
+        const __m256i high_bit = _mm256_and_si256(_mm256_slli_epi16(high, 2), bit2);
+        const __m256i levels = _mm256_or_si256(_mm256_and_si256(bits, mask2), high_bit);
+        const __m256i pairs = _mm256_maddubs_epi16(levels, load(ab.qs + 128 * h + 32 * k));
+        sum = add_products_i16(sum, pairs, sub_block_pair_scales(scales8, 8 * h + 2 * k));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * half(wb.d)), _mm256_cvtepi32_ps(sum), acc);
+  }
+  return horizontal_sum(acc);
+}
+
+// Q4_K / Q5_K: the activation sums of each 32-element sub-block (pairs of the 16-element bsums), 16 bits.
+__m128i sub_block_sums_32(const BlockQ8_K& act) {
+  const __m256i bsums = load(act.bsums);
+  return _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+}
+
+// The 16-bit multiplier vector holding scale j in every lane, from 8 scales widened to 16 bits in each half.
+__m256i broadcast_scale(__m256i scales16, int j) {
+  return _mm256_shuffle_epi8(scales16, _mm256_set1_epi16(static_cast<int16_t>((2 * j + 1) << 8 | 2 * j)));
+}
+
+// Q4_K and Q5_K, alike but for Q5_K's fifth bit. The 32 bytes qs[32p..] hold sub-block 2p in their low
+// nibbles and sub-block 2p + 1 in their high nibbles.
+template <typename Block>
+float dot_scale_min(const void* w, const void* a, int64_t n) {
+  const auto* weights = static_cast<const Block*>(w);
+  const auto* acts = static_cast<const BlockQ8_K*>(a);
+  const __m256i mask4 = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  __m128 acc_min = _mm_setzero_ps();
+  for (int64_t b = 0; b < n / kSuperBlock; ++b) {
+    const Block& wb = weights[b];
+    const BlockQ8_K& ab = acts[b];
+    // Scales widened to 16 bits in both halves, mins in the high half.
+    const KScalesMins sm = unpack_k_scales_mins(wb.scales);
+    const __m256i scales_mins =
+        _mm256_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sm.word[0]), static_cast<int>(sm.word[1]),
+                                            static_cast<int>(sm.word[2]), static_cast<int>(sm.word[3])));
+    const __m256i scales16 = _mm256_permute2x128_si256(scales_mins, scales_mins, 0x00);
+    const __m128i min_products = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sub_block_sums_32(ab));
+    // d and dmin are adjacent halves: one conversion gives {d, dmin} * activation scale.
+    uint32_t d_dmin_halves;
+    std::memcpy(&d_dmin_halves, &wb.d, sizeof(d_dmin_halves));
+    const __m128 d_dmin =
+        _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(d_dmin_halves))), _mm_set1_ps(ab.d));
+    acc_min = _mm_fmadd_ps(_mm_permute_ps(d_dmin, 0x55), _mm_cvtepi32_ps(min_products), acc_min);
+    __m256i fifth = _mm256_setzero_si256();
+    if constexpr (std::is_same_v<Block, BlockQ5_K>) fifth = load(wb.qh);  // bit j of byte l: element 32j + l
+    __m256i sum = _mm256_setzero_si256();
+    for (int p = 0; p < 4; ++p) {
+      const __m256i q4 = load(wb.qs + 32 * p);
+      __m256i low = _mm256_and_si256(q4, mask4);
+      __m256i high = _mm256_and_si256(_mm256_srli_epi16(q4, 4), mask4);
+      if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+        low = _mm256_or_si256(low, _mm256_and_si256(_mm256_slli_epi16(fifth, 4), _mm256_set1_epi8(0x10)));
+        high = _mm256_or_si256(high, _mm256_and_si256(_mm256_slli_epi16(fifth, 3), _mm256_set1_epi8(0x10)));
+        fifth = _mm256_srli_epi16(fifth, 2);
+      }
+      sum = add_products_i16(sum, _mm256_maddubs_epi16(low, load(ab.qs + 64 * p)), broadcast_scale(scales16, 2 * p));
+      sum = add_products_i16(sum, _mm256_maddubs_epi16(high, load(ab.qs + 64 * p + 32)),
+                             broadcast_scale(scales16, 2 * p + 1));
+    }
+    acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d_dmin), _mm256_cvtepi32_ps(sum), acc);
+  }
+  return horizontal_sum(acc) - horizontal_sum(acc_min);
+}
+
+float dot_q6_k(const void* w, const void* a, int64_t n) {
+  const auto* weights = static_cast<const BlockQ6_K*>(w);
+  const auto* acts = static_cast<const BlockQ8_K*>(a);
+  const __m256i mask4 = _mm256_set1_epi8(0x0F);
+  const __m256i mask_high = _mm256_set1_epi8(0x30);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kSuperBlock; ++b) {
+    const BlockQ6_K& wb = weights[b];
+    const BlockQ8_K& ab = acts[b];
+    const __m128i scales8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales));
+    // Levels are taken as 0..63; the -32 comes off through the block sums.
+    __m256i sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(scaled_bsums(scales8, ab), 5));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i low01 = load(wb.ql + 64 * h);       // elements k = 0 (low nibbles) and k = 2 (high)
+      const __m256i low23 = load(wb.ql + 64 * h + 32);  // k = 1 and k = 3
+      const __m256i high = load(wb.qh + 32 * h);        // 2 bits per k at bit 2k
+      const __m256i levels[4] = {
+          _mm256_or_si256(_mm256_and_si256(low01, mask4), _mm256_and_si256(_mm256_slli_epi16(high, 4), mask_high)),
+          _mm256_or_si256(_mm256_and_si256(low23, mask4), _mm256_and_si256(_mm256_slli_epi16(high, 2), mask_high)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low01, 4), mask4), _mm256_and_si256(high, mask_high)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low23, 4), mask4),
+                          _mm256_and_si256(_mm256_srli_epi16(high, 2), mask_high)),
+      };
+      for (int k = 0; k < 4; ++k) {
+        const __m256i pairs = _mm256_maddubs_epi16(levels[k], load(ab.qs + 128 * h + 32 * k));
+        sum = add_products_i16(sum, pairs, sub_block_pair_scales(scales8, 8 * h + 2 * k));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * half(wb.d)), _mm256_cvtepi32_ps(sum), acc);
+  }
+  return horizontal_sum(acc);
+}
+
+float dot_iq4_xs(const void* w, const void* a, int64_t n) {
+  const auto* weights = static_cast<const BlockIQ4_XS*>(w);
+  const auto* acts = static_cast<const BlockQ8_K*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kSuperBlock; ++b) {
+    const BlockIQ4_XS& wb = weights[b];
+    const BlockQ8_K& ab = acts[b];
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i levels = iq4_levels(nibbles_32(wb.qs + 16 * j));
+      const __m256i q8 = load(ab.qs + 32 * j);
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(levels, levels), _mm256_sign_epi8(q8, levels));
+      sum = add_products_i16(sum, pairs, _mm256_set1_epi16(static_cast<int16_t>(iq4_xs_scale(wb, j) - 32)));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * half(wb.d)), _mm256_cvtepi32_ps(sum), acc);
+  }
+  return horizontal_sum(acc);
+}
+
+struct KernelEntry {
+  TensorType type;
+  VecDotFn kernel;
+};
+constexpr KernelEntry kKernels[] = {
+    {TensorType::F32, dot_float<TensorType::F32>},
+    {TensorType::F16, dot_float<TensorType::F16>},
+    {TensorType::BF16, dot_float<TensorType::BF16>},
+    {TensorType::Q4_0, dot_symmetric<BlockQ4_0>},
+    {TensorType::Q4_1, dot_with_min<BlockQ4_1>},
+    {TensorType::Q5_0, dot_symmetric<BlockQ5_0>},
+    {TensorType::Q5_1, dot_with_min<BlockQ5_1>},
+    {TensorType::Q8_0, dot_symmetric<BlockQ8_0>},
+    {TensorType::IQ4_NL, dot_symmetric<BlockIQ4_NL>},
+    {TensorType::Q2_K, dot_q2_k},
+    {TensorType::Q3_K, dot_q3_k},
+    {TensorType::Q4_K, dot_scale_min<BlockQ4_K>},
+    {TensorType::Q5_K, dot_scale_min<BlockQ5_K>},
+    {TensorType::Q6_K, dot_q6_k},
+    {TensorType::IQ4_XS, dot_iq4_xs},
+};
+
+}  // namespace
+
+NamedKernel x86_vec_dot_kernel(TensorType weight_type) {
+  for (const KernelEntry& e : kKernels)
+    if (e.type == weight_type) return {e.kernel, kKernelName};
+  return {nullptr, ""};
+}
+
+}  // namespace rf::cpu
+
+#else
+
+namespace rf::cpu {
+
+NamedKernel x86_vec_dot_kernel(TensorType) { return {nullptr, ""}; }
+
+}  // namespace rf::cpu
+#endif

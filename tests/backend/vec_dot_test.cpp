@@ -1,0 +1,139 @@
+// CPU dot products against the dequantized f32 dot product. Two checks per type and length:
+//  - with the activation dequantized too, the result is the same sum, so only float rounding may differ;
+//  - against the original f32 activations, the difference must be explained by the 8-bit activation
+//    quantization: at most sum |w_i| * |x_i - dequantized activation_i|.
+// The SIMD kernels must agree with the portable ones to float rounding.
+#include "backend/cpu/vec_dot.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "quant/blocks.h"
+#include "quant/quant.h"
+#include "util/error.h"
+
+namespace rf::cpu {
+namespace {
+
+std::vector<float> dequantized_activation(TensorType weight_type, const std::vector<uint8_t>& act, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  const TensorType type = activation_type(weight_type);
+  if (type == TensorType::Q8_K) {
+    const auto* blocks = reinterpret_cast<const quant::BlockQ8_K*>(act.data());
+    for (int64_t i = 0; i < n; ++i) out[i] = blocks[i / 256].d * blocks[i / 256].qs[i % 256];
+  } else {
+    quant::dequantize(type, act.data(), out.data(), n);
+  }
+  return out;
+}
+
+struct Case {
+  std::vector<uint8_t> weights;
+  std::vector<float> dequantized_weights;
+  std::vector<float> x;
+  std::vector<uint8_t> activation;
+};
+
+Case make_case(TensorType type, int64_t n, uint32_t seed, float activation_scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0, 1);
+  Case c;
+  std::vector<float> w(static_cast<size_t>(n));
+  for (float& v : w) v = 0.02f * normal(rng);
+  c.weights.resize(row_bytes(type, static_cast<uint64_t>(n)));
+  quant::quantize(type, w.data(), c.weights.data(), 1, n);
+  c.dequantized_weights.resize(static_cast<size_t>(n));
+  quant::dequantize(type, c.weights.data(), c.dequantized_weights.data(), n);
+  c.x.resize(static_cast<size_t>(n));
+  for (float& v : c.x) v = activation_scale * normal(rng);
+  c.activation.resize(activation_bytes(type, n));
+  quantize_activation(type, c.x.data(), c.activation.data(), n);
+  return c;
+}
+
+void check_type(TensorType type, int64_t n, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << tensor_type_name(type) << " n=" << n << " kernel " << vec_dot_kernel_name(type));
+  const Case c = make_case(type, n, seed);
+  const std::vector<float> a = dequantized_activation(type, c.activation, n);
+
+  double same_inputs = 0;      // dequantized weights . dequantized activations
+  double f32_activations = 0;  // dequantized weights . original activations
+  double magnitude = 0;        // sum |w_i a_i|: the scale of float rounding
+  double activation_error = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double w = c.dequantized_weights[i];
+    same_inputs += w * a[i];
+    f32_activations += w * c.x[i];
+    magnitude += std::fabs(w * a[i]);
+    activation_error += std::fabs(w) * std::fabs(static_cast<double>(c.x[i]) - a[i]);
+  }
+  const double rounding = 1e-5 * magnitude;
+  const float simd = vec_dot(type, c.weights.data(), c.activation.data(), n);
+  const float portable = vec_dot_portable(type, c.weights.data(), c.activation.data(), n);
+  EXPECT_NEAR(simd, same_inputs, rounding);
+  EXPECT_NEAR(portable, same_inputs, rounding);
+  EXPECT_NEAR(simd, portable, rounding);
+  EXPECT_NEAR(simd, f32_activations, activation_error + rounding);
+}
+
+class VecDot : public testing::TestWithParam<TensorType> {};
+
+TEST_P(VecDot, MatchesDequantizedDotProduct) {
+  uint32_t seed = 1;
+  // One super-block, an odd number of them (the 32-element kernels alternate two accumulators), a long row.
+  for (int64_t n : {256, 768, 4096}) check_type(GetParam(), n, seed++);
+}
+
+// Activations large enough that every quant hits its extreme (|q| = 127) exercise the 16-bit intermediate
+// sums of the SIMD kernels at their largest.
+TEST_P(VecDot, ExtremeQuantsDoNotOverflow) {
+  const TensorType type = GetParam();
+  const int64_t n = 512;
+  Case c = make_case(type, n, 99);
+  for (size_t i = 0; i < c.x.size(); ++i) c.x[i] = (i * 7 % 3 == 0) ? -1.0f : 1.0f;
+  quantize_activation(type, c.x.data(), c.activation.data(), n);
+  const float simd = vec_dot(type, c.weights.data(), c.activation.data(), n);
+  const float portable = vec_dot_portable(type, c.weights.data(), c.activation.data(), n);
+  double magnitude = 0;
+  for (int64_t i = 0; i < n; ++i) magnitude += std::fabs(c.dequantized_weights[i]);
+  EXPECT_NEAR(simd, portable, 1e-5 * magnitude) << tensor_type_name(type);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, VecDot,
+                         testing::ValuesIn(quant::supported_types().begin(), quant::supported_types().end()),
+                         [](const testing::TestParamInfo<TensorType>& p) {
+                           return std::string(tensor_type_name(p.param));
+                         });
+
+TEST(VecDotFormats, ActivationTypes) {
+  EXPECT_EQ(activation_type(TensorType::F32), TensorType::F32);
+  EXPECT_EQ(activation_type(TensorType::BF16), TensorType::F32);
+  EXPECT_EQ(activation_type(TensorType::Q4_0), TensorType::Q8_0);
+  EXPECT_EQ(activation_type(TensorType::IQ4_NL), TensorType::Q8_0);
+  EXPECT_EQ(activation_type(TensorType::Q4_K), TensorType::Q8_K);
+  EXPECT_EQ(activation_type(TensorType::IQ4_XS), TensorType::Q8_K);
+  EXPECT_EQ(activation_bytes(TensorType::Q6_K, 512), 2u * sizeof(quant::BlockQ8_K));
+  EXPECT_EQ(activation_bytes(TensorType::Q5_1, 64), 2u * sizeof(quant::BlockQ8_0));
+  EXPECT_EQ(activation_bytes(TensorType::F16, 10), 40u);
+  EXPECT_THROW(activation_type(TensorType::IQ2_XXS), Error);
+  EXPECT_THROW(vec_dot(TensorType::Q8_1, nullptr, nullptr, 0), Error);
+}
+
+// Float weights take rows of any length: stories260K's FFN rows have 172 elements.
+TEST(VecDotFormats, FloatRowsOfAnyLength) {
+  for (TensorType type : {TensorType::F32, TensorType::F16, TensorType::BF16})
+    for (int64_t n : {1, 7, 172, 333}) check_type(type, n, static_cast<uint32_t>(n));
+}
+
+TEST(VecDotFormats, PartialActivationBlocksAreErrors) {
+  std::vector<float> x(300, 1.0f);
+  std::vector<uint8_t> out(4096);
+  EXPECT_THROW(quantize_activation(TensorType::Q4_K, x.data(), out.data(), 300), Error);
+  EXPECT_THROW(quantize_activation(TensorType::Q4_0, x.data(), out.data(), 300), Error);
+}
+
+}  // namespace
+}  // namespace rf::cpu
