@@ -1,0 +1,34 @@
+// Every `rocmforge` command lives in its own file and adds itself to the app with one of these functions;
+// main.cpp lists them. A command's callback throws rf::Error for anything the user got wrong.
+#pragma once
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace rf::engine {
+struct EngineOptions;
+struct GenerationParams;
+}  // namespace rf::engine
+
+namespace rf::cli {
+
+void add_inspect_command(CLI::App& app);
+void add_quantize_command(CLI::App& app);
+void add_gen_model_command(CLI::App& app);
+void add_run_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
+void add_perplexity_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
+
+// The options `run` and `chat` share: context size, threads, token limit and sampling (defaults as llama.cpp's).
+void add_generation_options(CLI::App& command, engine::EngineOptions& engine, engine::GenerationParams& generation);
+
+// The whole content of a text file, bytes as they are (`tokenize -f`, `perplexity -f`); an rf::Error when it
+// cannot be read.
+std::string read_text_file(const std::string& path);
+
+}  // namespace rf::cli
