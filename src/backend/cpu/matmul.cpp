@@ -1,0 +1,107 @@
+#include "backend/cpu/matmul.h"
+
+#include <algorithm>
+
+#include "backend/cpu/vec_dot.h"
+#include "util/error.h"
+
+namespace rf::cpu {
+
+Matrix matrix_of(const model::LazyTensor& weight) {
+  return {weight.type(), static_cast<const uint8_t*>(weight.data()), weight.rows(), weight.cols(), weight.row_bytes()};
+}
+
+void QuantizedRows::set(const float* x, int64_t rows, int64_t cols) {
+  x_ = x;
+  rows_ = rows;
+  cols_ = cols;
+  for (Quantized& q : quantized_) q.current = false;
+}
+
+size_t QuantizedRows::row_bytes(TensorType weight_type) const { return activation_bytes(weight_type, cols_); }
+
+void QuantizedRows::prepare(TensorType weight_type, ThreadPool& pool) {
+  const TensorType type = activation_type(weight_type);
+  auto it = std::find_if(quantized_.begin(), quantized_.end(), [&](const Quantized& q) { return q.type == type; });
+  if (it == quantized_.end()) it = quantized_.insert(quantized_.end(), Quantized{type, false, {}});
+  if (it->current) return;
+  const size_t bytes_per_row = row_bytes(weight_type);
+  if (it->bytes.size() < bytes_per_row * static_cast<size_t>(rows_)) it->bytes.resize(bytes_per_row * rows_);
+  uint8_t* dst = it->bytes.data();
+  pool.parallel_for(rows_, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t t = begin; t < end; ++t)
+      quantize_activation(weight_type, x_ + t * cols_, dst + t * bytes_per_row, cols_);
+  });
+  it->current = true;
+}
+
+const uint8_t* QuantizedRows::quantized(TensorType weight_type) const {
+  const TensorType type = activation_type(weight_type);
+  for (const Quantized& q : quantized_)
+    if (q.type == type && q.current) return q.bytes.data();
+  fail("activations were not prepared for {} weights", tensor_type_name(weight_type));
+}
+
+namespace {
+
+// A batch is multiplied block by block: a few weight rows (they stay in L1/L2) against tiles of activation
+// rows (a tile stays in L2), so every weight byte comes from memory once however many tokens there are.
+constexpr int64_t kRowBlock = 16;
+constexpr size_t kActivationTileBytes = 256 * 1024;
+
+// The hardware prefetcher alone leaves a core waiting on memory between its bursts of arithmetic (a
+// matrix-vector product then reaches half the bandwidth of a plain read); asking for the bytes a few KB ahead
+// of the row being multiplied keeps the loads in flight.
+constexpr size_t kPrefetchDistance = 4096;
+
+void prefetch_ahead(const uint8_t* row, size_t row_bytes, const uint8_t* end) {
+  const auto remaining = static_cast<size_t>(end - row);
+  for (size_t offset = kPrefetchDistance; offset < std::min(kPrefetchDistance + row_bytes, remaining); offset += 64)
+    __builtin_prefetch(row + offset);
+}
+
+// Rows [first, last) of one product, for every input row.
+void multiply_rows(const Product& product, const QuantizedRows& input, int64_t first, int64_t last) {
+  const Matrix& w = product.weight;
+  const uint8_t* activations = input.quantized(w.type);
+  const size_t stride = input.row_bytes(w.type);
+  const int64_t tokens = input.rows();
+  const auto tile = std::max<int64_t>(1, static_cast<int64_t>(kActivationTileBytes / stride));
+  const uint8_t* end = w.data + last * w.row_bytes;
+  for (int64_t block = first; block < last; block += kRowBlock) {
+    for (int64_t t0 = 0; t0 < tokens; t0 += tile) {
+      for (int64_t r = block; r < std::min(last, block + kRowBlock); ++r) {
+        const uint8_t* row = w.data + r * w.row_bytes;
+        if (t0 == 0) prefetch_ahead(row, w.row_bytes, end);
+        for (int64_t t = t0; t < std::min(tokens, t0 + tile); ++t)
+          product.out[t * w.rows + r] = vec_dot(w.type, row, activations + t * stride, w.cols);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void matmul(ThreadPool& pool, std::span<const Product> products, QuantizedRows& input) {
+  int64_t total_rows = 0;
+  for (const Product& product : products) {
+    if (product.weight.cols != input.cols())
+      fail("matmul: input rows have {} values, the weight rows {}", input.cols(), product.weight.cols);
+    input.prepare(product.weight.type, pool);
+    total_rows += product.weight.rows;
+  }
+  // Chunks of at least ~32K multiply-adds keep the cost of handing out a chunk negligible.
+  const int64_t grain = std::max<int64_t>(1, 32768 / (input.cols() * input.rows()));
+  // The products' rows, one after another, are shared out as one range.
+  pool.parallel_for(total_rows, grain, [&](int64_t begin, int64_t end, int) {
+    int64_t offset = 0;
+    for (const Product& product : products) {
+      const int64_t first = std::max(begin, offset) - offset;
+      const int64_t last = std::min(end, offset + product.weight.rows) - offset;
+      if (first < last) multiply_rows(product, input, first, last);
+      offset += product.weight.rows;
+    }
+  });
+}
+
+}  // namespace rf::cpu

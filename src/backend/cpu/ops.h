@@ -1,0 +1,44 @@
+// The element-wise and per-head kernels of a llama forward pass, on f32 activations. Matrix products are
+// in matmul.h; these are the cheap operations between them.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/config.h"
+
+namespace rf::cpu {
+
+// out = x / sqrt(mean(x^2) + eps) * weight, for one row of n values (out may be x).
+void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float eps);
+
+// x = exp(x - max) / sum, in place.
+void softmax(float* x, int64_t n);
+
+// gate = silu(gate) * up, where silu(g) = g / (1 + exp(-g)).
+void swiglu(float* gate, const float* up, int64_t n);
+
+// x += y.
+void add(float* x, const float* y, int64_t n);
+
+// The rotation speed of each dimension pair: base^(-2i / rope_dims), divided by the linear scale factor or
+// by rope_freqs.weight[i] (`freq_factors`, Llama 3) when the configuration asks for it. In double: at
+// position 100000 a float frequency would already be off by milliradians.
+std::vector<double> rope_inverse_frequencies(const model::ModelConfig& config, const float* freq_factors);
+
+// (cos, sin) of position * inverse_frequency[i] for every pair i: 2 * inverse_frequencies.size() floats.
+void rope_angles(float* cos_sin, int64_t position, std::span<const double> inverse_frequencies);
+
+// Rotates the first 2 * n_pairs dimensions of each of `n_heads` heads of `head_dim` values by the angles of
+// one position (from rope_angles); Normal style pairs neighbours, NeoX pairs the two halves.
+void rope(float* heads, int64_t n_heads, int64_t head_dim, const float* cos_sin, int64_t n_pairs,
+          model::RopeStyle style);
+
+// One query head attending over `n_positions` cached positions of its key/value head:
+// out = softmax(scale * q . k_j) weighted sum of v_j. Keys and values are f32 or f16 (uint16_t) rows of
+// `head_dim` values, `stride` elements apart; `scores` holds n_positions floats of scratch.
+template <typename KvElement>
+void attend(float* out, const float* q, const KvElement* keys, const KvElement* values, int64_t n_positions,
+            int64_t stride, int64_t head_dim, float scale, float* scores);
+
+}  // namespace rf::cpu

@@ -1,0 +1,78 @@
+// The llama forward pass on the CPU, in the spirit of llama2.c's run.c: one function, forward(), reads top to
+// bottom as the model computes. A batch of tokens (a prompt) is one pass of matrix-matrix products; a single
+// token (decoding) is the same pass with one row. Keys and values stay in a per-layer cache, so evaluation
+// continues where it stopped, and the cache can be truncated to reuse a common prefix (chat).
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/cpu/kv_cache.h"
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/thread_pool.h"
+#include "model/execution_plan.h"
+
+namespace rf::cpu {
+
+struct TransformerOptions {
+  int threads = 0;                       // 0: physical cores
+  int64_t context = 0;                   // positions the KV cache holds; 0: the model's context length
+  TensorType kv_type = TensorType::F16;  // F16 or F32
+  int64_t max_batch = 512;               // tokens per pass; a longer batch runs as several passes
+};
+
+// Which logits forward() returns.
+enum class Logits {
+  Last,  // of the last token only (generation)
+  All,   // of every token, row by row (evaluation, perplexity)
+};
+
+class Transformer {
+ public:
+  // The plan's tensors must live on the CPU (cpu::MappedResidency); they materialize as layers first run.
+  // The plan must outlive the transformer. One thread at a time uses a transformer.
+  explicit Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options = {});
+
+  // Evaluates `tokens` at positions position, position + 1, ...: positions from `position` on are first
+  // dropped from the cache (position <= cached()), then the tokens' keys and values are added. Returns
+  // the logits (vocab_size floats per row) of the last token or of all tokens; the span stays valid until
+  // the next call. A token id out of range, a position past the cache or past the context is an rf::Error.
+  std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, Logits which = Logits::Last);
+
+  int64_t cached() const { return cache_.size(); }  // positions in the KV cache
+  void truncate(int64_t positions) { cache_.truncate(positions); }
+  int64_t context() const { return cache_.capacity(); }
+  const model::ModelConfig& config() const { return config_; }
+  ThreadPool& pool() { return pool_; }
+
+ private:
+  // Runs at most max_batch tokens; writes the logits of the last token or all tokens to `logits`.
+  void forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which, float* logits);
+  void attention(int64_t layer, int64_t n_tokens, int64_t position);
+  void reserve_batch(int64_t n_tokens);
+
+  const model::ExecutionPlan& plan_;
+  const model::ModelConfig& config_;
+  int64_t max_batch_;
+  ThreadPool pool_;
+  KvCache cache_;
+  std::vector<double> rope_inverse_frequencies_;
+
+  // Activations of the batch, one row per token (llama2.c's RunState).
+  int64_t batch_capacity_ = 0;
+  std::vector<float> x_;         // residual stream [n, n_embd]
+  std::vector<float> xb_;        // normalized input of a block [n, n_embd]
+  std::vector<float> q_;         // queries [n, q_dim]
+  std::vector<float> k_;         // keys [n, kv_dim]
+  std::vector<float> v_;         // values [n, kv_dim]
+  std::vector<float> attn_out_;  // attention output [n, q_dim]
+  std::vector<float> hb_;        // feed-forward gate, then silu(gate) * up [n, n_ff]
+  std::vector<float> hb2_;       // feed-forward up [n, n_ff]
+  std::vector<float> delta_;     // a block's output before it joins the residual stream [n, n_embd]
+  std::vector<float> rope_;      // (cos, sin) per dimension pair [n, rope_dims]
+  std::vector<float> scores_;    // attention scores, one context-sized row per thread
+  std::vector<float> logits_;
+  QuantizedRows input_;
+};
+
+}  // namespace rf::cpu

@@ -1,0 +1,41 @@
+#include "model/lazy_tensor.h"
+
+#include <chrono>
+
+namespace rf::model {
+
+void LoadingCounters::add(uint64_t bytes, int64_t nanoseconds) {
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  tensors_.fetch_add(1, std::memory_order_relaxed);
+  nanoseconds_.fetch_add(nanoseconds, std::memory_order_relaxed);
+}
+
+LoadingStats LoadingCounters::snapshot() const {
+  return {bytes_.load(std::memory_order_relaxed), tensors_.load(std::memory_order_relaxed),
+          static_cast<double>(nanoseconds_.load(std::memory_order_relaxed)) * 1e-9};
+}
+
+LazyTensor::LazyTensor(std::shared_ptr<const gguf::File> file, const gguf::TensorInfo& info,
+                       std::shared_ptr<Residency> residency, std::shared_ptr<LoadingCounters> counters)
+    : slot_(std::make_shared<Slot>()) {
+  slot_->source = {file.get(), &info};
+  slot_->file = std::move(file);
+  slot_->residency = std::move(residency);
+  slot_->counters = std::move(counters);
+}
+
+const void* LazyTensor::data() const {
+  Slot& slot = *slot_;
+  if (slot.loaded.load(std::memory_order_acquire)) return slot.resident.data;
+  std::lock_guard lock(slot.mutex);
+  if (!slot.loaded.load(std::memory_order_relaxed)) {
+    const auto start = std::chrono::steady_clock::now();
+    slot.resident = slot.residency->materialize(slot.source);
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    slot.counters->add(slot.source.info->bytes, std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
+    slot.loaded.store(true, std::memory_order_release);
+  }
+  return slot.resident.data;
+}
+
+}  // namespace rf::model

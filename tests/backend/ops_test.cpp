@@ -1,0 +1,178 @@
+// The CPU kernels against naive double-precision references.
+#include "backend/cpu/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "util/half.h"
+
+namespace rf {
+namespace {
+
+std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+model::ModelConfig rope_config(int64_t head_dim, int64_t rope_dims) {
+  model::ModelConfig c;
+  c.head_dim = head_dim;
+  c.rope_dims = rope_dims;
+  c.rope_base = 10000.0f;
+  return c;
+}
+
+TEST(OpsTest, RmsNorm) {
+  const std::vector<float> x = random_vector(300, 1, 3.0f);
+  const std::vector<float> w = random_vector(300, 2);
+  std::vector<float> out(300);
+  cpu::rmsnorm(out.data(), x.data(), w.data(), 300, 1e-5f);
+  double ss = 0.0;
+  for (float v : x) ss += static_cast<double>(v) * v;
+  const double scale = 1.0 / std::sqrt(ss / 300.0 + 1e-5);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(out[i], x[i] * scale * w[i], 1e-5);
+}
+
+TEST(OpsTest, SoftmaxIsStableAndNormalized) {
+  std::vector<float> x = {1000.0f, 1001.0f, 999.0f, -1e30f};
+  cpu::softmax(x.data(), 4);
+  const double e0 = std::exp(-1.0), e2 = std::exp(-2.0), sum = e0 + 1.0 + e2;
+  EXPECT_NEAR(x[0], e0 / sum, 1e-6);
+  EXPECT_NEAR(x[1], 1.0 / sum, 1e-6);
+  EXPECT_NEAR(x[2], e2 / sum, 1e-6);
+  EXPECT_EQ(x[3], 0.0f);
+}
+
+TEST(OpsTest, SwiGlu) {
+  std::vector<float> gate = random_vector(64, 3, 4.0f);
+  const std::vector<float> original = gate;
+  const std::vector<float> up = random_vector(64, 4);
+  cpu::swiglu(gate.data(), up.data(), 64);
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double g = original[i];
+    EXPECT_NEAR(gate[i], g / (1.0 + std::exp(-g)) * up[i], 1e-5);
+  }
+}
+
+// Rotates pair (a, b) of every head by position * base^(-2i / rope_dims), in double.
+std::vector<float> naive_rope(std::vector<float> x, int64_t n_heads, int64_t head_dim, int64_t rope_dims,
+                              int64_t position, model::RopeStyle style) {
+  for (int64_t h = 0; h < n_heads; ++h) {
+    for (int64_t i = 0; i < rope_dims / 2; ++i) {
+      const double angle = static_cast<double>(position) * std::pow(10000.0, -2.0 * i / rope_dims);
+      const int64_t a = h * head_dim + (style == model::RopeStyle::Normal ? 2 * i : i);
+      const int64_t b = a + (style == model::RopeStyle::Normal ? 1 : rope_dims / 2);
+      const double xa = x[a], xb = x[b];
+      x[a] = static_cast<float>(xa * std::cos(angle) - xb * std::sin(angle));
+      x[b] = static_cast<float>(xa * std::sin(angle) + xb * std::cos(angle));
+    }
+  }
+  return x;
+}
+
+TEST(OpsTest, RopeBothStylesMatchNaive) {
+  for (const model::RopeStyle style : {model::RopeStyle::Normal, model::RopeStyle::NeoX}) {
+    for (const int64_t rope_dims : {int64_t{64}, int64_t{32}}) {  // full and partial rotation
+      SCOPED_TRACE(std::string(model::rope_style_name(style)) + " rope_dims " + std::to_string(rope_dims));
+      const model::ModelConfig c = rope_config(64, rope_dims);
+      const std::vector<double> inverse = cpu::rope_inverse_frequencies(c, nullptr);
+      std::vector<float> cos_sin(static_cast<size_t>(rope_dims));
+      for (const int64_t position : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{3000}}) {
+        std::vector<float> x = random_vector(3 * 64, 5);
+        const std::vector<float> expected = naive_rope(x, 3, 64, rope_dims, position, style);
+        cpu::rope_angles(cos_sin.data(), position, inverse);
+        cpu::rope(x.data(), 3, 64, cos_sin.data(), rope_dims / 2, style);
+        for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], expected[i], 2e-5) << "position " << position;
+      }
+    }
+  }
+}
+
+TEST(OpsTest, RopeDependsOnlyOnRelativePosition) {
+  const model::ModelConfig c = rope_config(16, 16);
+  const std::vector<double> inverse = cpu::rope_inverse_frequencies(c, nullptr);
+  const auto rotated_dot = [&](int64_t pq, int64_t pk) {
+    std::vector<float> q = random_vector(16, 6), k = random_vector(16, 7), cs(16);
+    cpu::rope_angles(cs.data(), pq, inverse);
+    cpu::rope(q.data(), 1, 16, cs.data(), 8, model::RopeStyle::Normal);
+    cpu::rope_angles(cs.data(), pk, inverse);
+    cpu::rope(k.data(), 1, 16, cs.data(), 8, model::RopeStyle::Normal);
+    double dot = 0.0;
+    for (int i = 0; i < 16; ++i) dot += static_cast<double>(q[i]) * k[i];
+    return dot;
+  };
+  EXPECT_NEAR(rotated_dot(5, 2), rotated_dot(105, 102), 1e-4);
+}
+
+TEST(OpsTest, RopeScaling) {
+  model::ModelConfig c = rope_config(8, 8);
+  const std::vector<double> plain = cpu::rope_inverse_frequencies(c, nullptr);
+  c.rope_scaling = model::RopeScaling::Linear;
+  c.rope_scale_factor = 4.0f;
+  const std::vector<double> linear = cpu::rope_inverse_frequencies(c, nullptr);
+  c.rope_scaling = model::RopeScaling::Llama3;
+  const float factors[4] = {1.0f, 2.0f, 8.0f, 16.0f};
+  const std::vector<double> llama3 = cpu::rope_inverse_frequencies(c, factors);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_DOUBLE_EQ(plain[i], std::pow(10000.0, -2.0 * static_cast<double>(i) / 8.0));
+    EXPECT_DOUBLE_EQ(linear[i], plain[i] / 4.0);
+    EXPECT_DOUBLE_EQ(llama3[i], plain[i] / factors[i]);
+  }
+}
+
+// softmax(scale q.k_j) weighted sum of v_j, in double.
+std::vector<double> naive_attention(const std::vector<float>& q, const std::vector<float>& keys,
+                                    const std::vector<float>& values, int64_t n, int64_t stride, int64_t dim,
+                                    double scale) {
+  std::vector<double> scores(static_cast<size_t>(n));
+  double max = -1e300;
+  for (int64_t j = 0; j < n; ++j) {
+    double s = 0.0;
+    for (int64_t d = 0; d < dim; ++d) s += static_cast<double>(q[d]) * keys[j * stride + d];
+    scores[j] = s * scale;
+    max = std::max(max, scores[j]);
+  }
+  double sum = 0.0;
+  for (double& s : scores) sum += (s = std::exp(s - max));
+  std::vector<double> out(static_cast<size_t>(dim), 0.0);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < dim; ++d) out[d] += scores[j] / sum * values[j * stride + d];
+  return out;
+}
+
+TEST(OpsTest, AttentionF32AndF16MatchNaive) {
+  // head_dim 20 exercises the 8-wide loop and its scalar tail; stride 40 places the head inside a wider row.
+  constexpr int64_t kDim = 20, kStride = 40, kPositions = 37;
+  const std::vector<float> q = random_vector(kDim, 8);
+  std::vector<float> keys = random_vector(kPositions * kStride, 9), values = random_vector(kPositions * kStride, 10);
+  std::vector<uint16_t> keys16(keys.size()), values16(values.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    keys16[i] = fp32_to_fp16(keys[i]);
+    values16[i] = fp32_to_fp16(values[i]);
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
+  const std::vector<double> expected = naive_attention(q, keys, values, kPositions, kStride, kDim, scale);
+  std::vector<float> out(kDim), scores(kPositions);
+  cpu::attend(out.data(), q.data(), keys.data(), values.data(), kPositions, kStride, kDim, static_cast<float>(scale),
+              scores.data());
+  for (int64_t d = 0; d < kDim; ++d) EXPECT_NEAR(out[d], expected[d], 1e-5);
+
+  // The f16 cache holds rounded keys and values: compare with the naive result on those.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    keys[i] = fp16_to_fp32(keys16[i]);
+    values[i] = fp16_to_fp32(values16[i]);
+  }
+  const std::vector<double> expected16 = naive_attention(q, keys, values, kPositions, kStride, kDim, scale);
+  cpu::attend(out.data(), q.data(), keys16.data(), values16.data(), kPositions, kStride, kDim,
+              static_cast<float>(scale), scores.data());
+  for (int64_t d = 0; d < kDim; ++d) EXPECT_NEAR(out[d], expected16[d], 1e-5);
+}
+
+}  // namespace
+}  // namespace rf

@@ -1,0 +1,135 @@
+// The end-to-end check: for every reference pair in ../shared/reference, the CPU forward pass fed the same
+// tokens produces logits rows with cosine >= 0.999 to llama.cpp's, and on the trained models the same
+// greedy continuation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/residency.h"
+#include "backend/cpu/transformer.h"
+#include "test_paths.h"
+
+namespace rf {
+namespace {
+
+struct Reference {
+  std::string model;
+  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> greedy_tokens;
+  int64_t n_vocab = 0;
+  std::vector<float> logits;  // rows x n_vocab
+  int64_t rows = 0;
+
+  std::span<const float> row(int64_t i) const {
+    return std::span<const float>(logits).subspan(static_cast<size_t>(i * n_vocab), static_cast<size_t>(n_vocab));
+  }
+};
+
+Reference read_reference(const std::string& json_name) {
+  const std::string dir = test::shared_path("reference/");
+  const nlohmann::json json = nlohmann::json::parse(std::ifstream(dir + json_name));
+  Reference ref;
+  ref.model = json.at("model").get<std::string>();
+  ref.prompt_tokens = json.at("prompt_tokens").get<std::vector<int32_t>>();
+  ref.greedy_tokens = json.at("greedy_tokens").get<std::vector<int32_t>>();
+  ref.n_vocab = json.at("n_vocab").get<int64_t>();
+  ref.rows = json.at("logits_rows").get<int64_t>();
+  ref.logits.resize(static_cast<size_t>(ref.rows * ref.n_vocab));
+  std::ifstream in(dir + json.at("logits_file").get<std::string>(), std::ios::binary);
+  in.read(reinterpret_cast<char*>(ref.logits.data()), static_cast<std::streamsize>(ref.logits.size() * sizeof(float)));
+  if (!in) throw std::runtime_error("cannot read the logits of " + json_name);
+  return ref;
+}
+
+double cosine(std::span<const float> a, std::span<const float> b) {
+  double ab = 0.0, aa = 0.0, bb = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ab += static_cast<double>(a[i]) * b[i];
+    aa += static_cast<double>(a[i]) * a[i];
+    bb += static_cast<double>(b[i]) * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
+}
+
+int32_t argmax(std::span<const float> row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+std::vector<std::string> reference_files() {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(test::shared_path("reference")))
+    if (entry.path().extension() == ".json") names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class ReferenceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReferenceTest, LogitsMatchLlamaCpp) {
+  const Reference ref = read_reference(GetParam());
+  const model::ExecutionPlan plan = model::ExecutionPlan::build(
+      gguf::File::open(test::shared_path("models/" + ref.model)), std::make_shared<cpu::MappedResidency>());
+  ASSERT_EQ(plan.config().vocab_size, ref.n_vocab);
+  const auto n_prompt = static_cast<int64_t>(ref.prompt_tokens.size());
+  const auto n_greedy = static_cast<int64_t>(ref.greedy_tokens.size());
+  ASSERT_EQ(ref.rows, n_prompt + n_greedy);
+  cpu::TransformerOptions options;
+  options.context = n_prompt + n_greedy;
+  cpu::Transformer transformer(plan, options);
+
+  // Rows 0..P-1: the prompt in one batch. Row P+i: the logits that chose greedy token i, i.e. the last
+  // prompt row for i = 0 and the logits after feeding greedy token i-1 otherwise.
+  std::vector<std::vector<float>> rows;
+  const std::span<const float> prompt_logits = transformer.forward(ref.prompt_tokens, 0, cpu::Logits::All);
+  for (int64_t i = 0; i < n_prompt; ++i)
+    rows.emplace_back(prompt_logits.begin() + i * ref.n_vocab, prompt_logits.begin() + (i + 1) * ref.n_vocab);
+  rows.push_back(rows.back());
+  for (int64_t i = 1; i < n_greedy; ++i) {
+    const int32_t token = ref.greedy_tokens[static_cast<size_t>(i - 1)];
+    const std::span<const float> logits = transformer.forward({&token, 1}, n_prompt + i - 1);
+    rows.emplace_back(logits.begin(), logits.end());
+  }
+
+  double min_cosine = 1.0;
+  int64_t worst_row = 0;
+  int64_t greedy_matches = 0;
+  for (int64_t i = 0; i < ref.rows; ++i) {
+    const double c = cosine(rows[static_cast<size_t>(i)], ref.row(i));
+    if (c < min_cosine) {
+      min_cosine = c;
+      worst_row = i;
+    }
+  }
+  for (int64_t i = 0; i < n_greedy; ++i)
+    greedy_matches += argmax(rows[static_cast<size_t>(n_prompt + i)]) == ref.greedy_tokens[static_cast<size_t>(i)];
+
+  std::cout << "[ reference ] " << ref.model << ": min cosine " << min_cosine << " (row " << worst_row << " of "
+            << ref.rows << "), greedy " << greedy_matches << "/" << n_greedy << "\n";
+  RecordProperty("min_cosine", std::to_string(min_cosine));
+  EXPECT_GE(min_cosine, 0.999) << "worst row " << worst_row;
+  // Trained models have sharp distributions: the continuation must be the reference's, token for token.
+  if (ref.model == "stories260K.gguf" || ref.model == "TinyStories-656K-Q8_0.gguf") {
+    EXPECT_EQ(greedy_matches, n_greedy);
+  }
+}
+
+std::string test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param.substr(0, info.param.size() - std::string(".json").size());
+  std::replace_if(
+      name.begin(), name.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shared, ReferenceTest, ::testing::ValuesIn(reference_files()), test_name);
+
+}  // namespace
+}  // namespace rf
