@@ -1,0 +1,292 @@
+// rocmforge bench -m MODEL [-p 512] [-n 128] [-r 3] [--json] [--gpu]: prompt processing (ppN: N random tokens in one
+// batch) and text generation (tgN: N tokens one at a time) speeds as llama-bench measures them, plus how long
+// the model takes to load and the memory bandwidth decoding achieves on the weights.
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/file_type.h"
+#include "engine/engine.h"
+#include "util/error.h"
+#if ROCMFORGE_HAVE_GPU
+#include "backend/gpu/runtime.h"
+#include "backend/gpu/transformer.h"
+#endif
+
+namespace rf::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  std::string model;
+  int64_t prompt_tokens = 512;
+  int64_t generated_tokens = 128;
+  int repetitions = 3;
+  int threads = 0;
+  bool json = false;
+  bool gpu = false;
+};
+
+struct TestResult {
+  std::string name;           // "pp512", "tg128"
+  double tokens_per_s = 0.0;  // mean over repetitions
+  double std = 0.0;           // sample standard deviation over repetitions
+  double gbps = 0.0;          // weight bytes read per second while decoding (tg only)
+  bool generation = false;
+};
+
+struct LoadTimes {
+  double open_ms = 0.0;
+  double ready_ms = 0.0;
+  double first_token_ms = 0.0;
+};
+
+double milliseconds_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// Bytes of weights one decoded token reads: every layer's matrices and norms, the final norm, the output
+// matrix, and a single row of the embedding table (the whole table when it doubles as the output matrix).
+uint64_t weight_bytes_per_token(const model::ExecutionPlan& plan) {
+  uint64_t bytes = plan.output_norm().bytes() + plan.output().bytes();
+  if (!plan.config().tied_embeddings) bytes += plan.token_embd().row_bytes();
+  for (const model::LayerPlan& layer : plan.layers())
+    for (const model::LazyTensor* tensor : layer.tensors()) bytes += tensor->bytes();
+  return bytes;
+}
+
+// Random tokens as llama-bench draws them: BOS first when the model adds one.
+class TokenSource {
+ public:
+  explicit TokenSource(const Tokenizer& tokenizer) : tokenizer_(tokenizer), pick_(0, tokenizer.n_vocab() - 1) {}
+  int32_t first() { return tokenizer_.add_bos() ? tokenizer_.bos() : next(); }
+  int32_t next() { return pick_(rng_); }
+
+ private:
+  const Tokenizer& tokenizer_;
+  std::mt19937 rng_{1};
+  std::uniform_int_distribution<int32_t> pick_;
+};
+
+// Seconds to evaluate n random tokens as one batch from an empty cache. `engine` is an engine::Engine or
+// a GpuEngine.
+template <typename Engine>
+double time_prompt(Engine& engine, TokenSource& source, int64_t n) {
+  std::vector<int32_t> tokens{source.first()};
+  while (static_cast<int64_t>(tokens.size()) < n) tokens.push_back(source.next());
+  engine.reset();
+  const Clock::time_point start = Clock::now();
+  engine.evaluate(tokens);
+  return milliseconds_since(start) / 1e3;
+}
+
+// Seconds to decode n random tokens one at a time from an empty cache.
+template <typename Engine>
+double time_generation(Engine& engine, TokenSource& source, int64_t n) {
+  engine.reset();
+  int32_t token = source.first();
+  const Clock::time_point start = Clock::now();
+  for (int64_t i = 0; i < n; ++i) {
+    engine.append(token);
+    token = source.next();
+  }
+  return milliseconds_since(start) / 1e3;
+}
+
+// One warm-up run, then `repetitions` timed runs; speeds are tokens per second of each run.
+template <typename TimeRun>
+TestResult run_test(std::string name, int64_t tokens, int repetitions, TimeRun time_run) {
+  time_run();
+  std::vector<double> speeds;
+  for (int r = 0; r < repetitions; ++r) speeds.push_back(static_cast<double>(tokens) / time_run());
+  TestResult result{std::move(name)};
+  for (const double speed : speeds) result.tokens_per_s += speed / repetitions;
+  if (repetitions > 1) {
+    double squares = 0.0;
+    for (const double speed : speeds) squares += (speed - result.tokens_per_s) * (speed - result.tokens_per_s);
+    result.std = std::sqrt(squares / (repetitions - 1));
+  }
+  return result;
+}
+
+std::string size_text(uint64_t bytes) {
+  return bytes >= (1ull << 30) ? fmt::format("{:.2f} GiB", bytes / double(1ull << 30))
+                               : fmt::format("{:.2f} MiB", bytes / double(1ull << 20));
+}
+
+std::string count_text(uint64_t count) {
+  if (count >= 1'000'000'000) return fmt::format("{:.2f} B", count / 1e9);
+  if (count >= 1'000'000) return fmt::format("{:.2f} M", count / 1e6);
+  return fmt::format("{:.2f} K", count / 1e3);
+}
+
+// "llama Q4_K_M": the architecture and the file type without llama.cpp's MOSTLY_ prefix.
+std::string model_description(const gguf::File& file) {
+  std::string type = "unknown type";
+  if (const gguf::Value* value = file.find("general.file_type"); value && value->is_integer()) {
+    const std::string_view name = file_type_name(static_cast<uint32_t>(value->to_int()));
+    if (!name.empty()) type = std::string(name.starts_with("MOSTLY_") ? name.substr(7) : name);
+  }
+  return fmt::format("{} {}", file.architecture(), type);
+}
+
+void print_table(const std::string& model, uint64_t size, uint64_t params, const std::string& backend, int threads,
+                 const std::vector<TestResult>& results, const LoadTimes& load, uint64_t bytes_per_token) {
+  fmt::print("| {:<24} | {:>10} | {:>10} | {:<7} | {:>7} | {:>6} | {:>16} | {:>6} |\n", "model", "size", "params",
+             "backend", "threads", "test", "t/s", "GB/s");
+  fmt::print("| {:-<24} | {:->9}: | {:->9}: | {:-<7} | {:->6}: | {:->5}: | {:->15}: | {:->5}: |\n", "", "", "", "", "",
+             "", "", "");
+  for (const TestResult& r : results)
+    fmt::print("| {:<24} | {:>10} | {:>10} | {:<7} | {:>7} | {:>6} | {:>16} | {:>6} |\n", model, size_text(size),
+               count_text(params), backend, threads, r.name, fmt::format("{:.2f} ± {:.2f}", r.tokens_per_s, r.std),
+               r.generation ? fmt::format("{:.2f}", r.gbps) : "");
+  fmt::print("\nload: open {:.1f} ms, ready {:.1f} ms, first token {:.1f} ms\n", load.open_ms, load.ready_ms,
+             load.first_token_ms);
+  fmt::print("decode reads {} of weights per token\n", size_text(bytes_per_token));
+}
+
+void print_json(const std::string& model, uint64_t size, uint64_t params, const std::string& backend, int threads,
+                const std::vector<TestResult>& results, const LoadTimes& load) {
+  nlohmann::json tests = nlohmann::json::array();
+  for (const TestResult& r : results) {
+    nlohmann::json test = {{"test", r.name}, {"tokens_per_s", r.tokens_per_s}, {"std", r.std}};
+    if (r.generation) test["gbps"] = r.gbps;
+    tests.push_back(test);
+  }
+  const nlohmann::json out = {
+      {"model", model},
+      {"size_bytes", size},
+      {"params", params},
+      {"backend", backend},
+      {"threads", threads},
+      {"tests", tests},
+      {"load", {{"open_ms", load.open_ms}, {"ready_ms", load.ready_ms}, {"first_token_ms", load.first_token_ms}}},
+  };
+  fmt::print("{}\n", out.dump(2));
+}
+
+#if ROCMFORGE_HAVE_GPU
+// The engine calls a benchmark makes, on the GPU forward pass (engine::Engine runs the CPU's): the same file,
+// plan and tokenizer, weights in device memory.
+class GpuEngine {
+ public:
+  GpuEngine(const std::string& model_path, int64_t context) {
+    const Clock::time_point start = Clock::now();
+    file_ = gguf::File::open(model_path);
+    plan_ = std::make_unique<model::ExecutionPlan>(model::ExecutionPlan::build(file_, gpu::make_residency()));
+    tokenizer_ = std::make_unique<Tokenizer>(*file_);
+    open_ms_ = milliseconds_since(start);
+    plan_->preload_all();
+    transformer_ = std::make_unique<gpu::Transformer>(*plan_, gpu::TransformerOptions{.context = context});
+    ready_ms_ = milliseconds_since(start);
+  }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const model::ExecutionPlan& plan() const { return *plan_; }
+  const gguf::File& file() const { return *file_; }
+  double open_ms() const { return open_ms_; }
+  double ready_ms() const { return ready_ms_; }
+  void reset() { transformer_->truncate(0); }
+  void evaluate(std::span<const int32_t> tokens) { transformer_->forward(tokens, 0); }
+  void append(int32_t token) { transformer_->forward({&token, 1}, transformer_->cached()); }
+
+ private:
+  std::shared_ptr<const gguf::File> file_;
+  std::unique_ptr<model::ExecutionPlan> plan_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<gpu::Transformer> transformer_;
+  double open_ms_ = 0.0;
+  double ready_ms_ = 0.0;
+};
+#endif
+
+// Both tests start from an empty cache, so the context only needs the longer of them.
+int64_t bench_context(const BenchOptions& options) {
+  return std::max<int64_t>({options.prompt_tokens, options.generated_tokens, 1});
+}
+
+// `start`: when the engine's construction began, for the load times.
+template <typename Engine>
+void run_benchmarks(Engine& engine, const BenchOptions& options, Clock::time_point start, const std::string& backend,
+                    int threads) {
+  LoadTimes load{engine.open_ms(), engine.ready_ms(), 0.0};
+  TokenSource source(engine.tokenizer());
+  engine.append(source.first());
+  load.first_token_ms = milliseconds_since(start);
+
+  std::vector<TestResult> results;
+  if (options.prompt_tokens > 0)
+    results.push_back(run_test(fmt::format("pp{}", options.prompt_tokens), options.prompt_tokens, options.repetitions,
+                               [&] { return time_prompt(engine, source, options.prompt_tokens); }));
+  const uint64_t bytes_per_token = weight_bytes_per_token(engine.plan());
+  if (options.generated_tokens > 0) {
+    TestResult tg = run_test(fmt::format("tg{}", options.generated_tokens), options.generated_tokens,
+                             options.repetitions, [&] { return time_generation(engine, source, options.generated_tokens); });
+    tg.generation = true;
+    tg.gbps = static_cast<double>(bytes_per_token) * tg.tokens_per_s / 1e9;
+    results.push_back(tg);
+  }
+
+  uint64_t size = 0;
+  uint64_t params = 0;
+  for (const gguf::TensorInfo& tensor : engine.file().tensors()) {
+    size += tensor.bytes;
+    params += tensor.elements();
+  }
+  const std::string model = model_description(engine.file());
+  if (options.json)
+    print_json(model, size, params, backend, threads, results, load);
+  else
+    print_table(model, size, params, backend, threads, results, load, bytes_per_token);
+}
+
+void bench(const BenchOptions& options) {
+  if (options.prompt_tokens < 0 || options.generated_tokens < 0) fail("-p and -n must not be negative");
+  if (options.repetitions < 1) fail("-r must be at least 1, got {}", options.repetitions);
+  const Clock::time_point start = Clock::now();
+  if (options.gpu) {
+#if ROCMFORGE_HAVE_GPU
+    if (!gpu::device_available()) fail("--gpu: no GPU is available");
+    GpuEngine engine(options.model, bench_context(options));
+    run_benchmarks(engine, options, start, gpu::device_info().name, 1);
+    // The bound decoding approaches: streaming the weights once per token at the device's copy bandwidth.
+    if (!options.json) fmt::print("device-to-device copy bandwidth {:.0f} GB/s\n", gpu::measure_copy_bandwidth());
+    return;
+#else
+    fail("--gpu: this build has no GPU backend (configure with ROCMFORGE_GPU=cuda or hip)");
+#endif
+  }
+  engine::EngineOptions engine_options;
+  engine_options.threads = options.threads;
+  engine_options.context = bench_context(options);
+  engine::Engine engine(options.model, engine_options);
+  run_benchmarks(engine, options, start, "CPU", engine.threads());
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto options = std::make_shared<BenchOptions>();
+  CLI::App* command = app.add_subcommand("bench", "Measure prompt and generation speed (like llama-bench)");
+  command->add_option("-m,--model", options->model, "GGUF model file")->required();
+  command->add_option("-p,--n-prompt", options->prompt_tokens, "Prompt tokens per ppN run (0: skip)")
+      ->capture_default_str();
+  command->add_option("-n,--n-gen", options->generated_tokens, "Generated tokens per tgN run (0: skip)")
+      ->capture_default_str();
+  command->add_option("-r,--repetitions", options->repetitions, "Timed runs per test")->capture_default_str();
+  command->add_option("-t,--threads", options->threads, "Threads (0: one per physical core)")
+      ->check(CLI::NonNegativeNumber);
+  command->add_flag("--json", options->json, "Print one JSON object instead of the table");
+  command->add_flag("--gpu", options->gpu, "Run on the GPU backend");
+  command->callback([options] { bench(*options); });
+}
+
+}  // namespace rf::cli

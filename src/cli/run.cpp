@@ -1,0 +1,91 @@
+// rocmforge run -m MODEL -p PROMPT [-n N] [sampling options]: continues a prompt, streaming the text to stdout
+// as it is generated; load time and prompt and decode speeds go to stderr.
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "engine/engine.h"
+
+namespace rf::cli {
+namespace {
+
+struct RunOptions {
+  std::string model;
+  std::string prompt;
+  engine::EngineOptions engine;
+  engine::GenerationParams generation;
+};
+
+void print_text(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+void run(const RunOptions& options) {
+  engine::Engine engine(options.model, options.engine);
+  const Tokenizer& tokenizer = engine.tokenizer();
+  const std::vector<int32_t> prompt = tokenizer.encode(options.prompt, true, false);
+  engine.require_fits(static_cast<int64_t>(prompt.size()));
+
+  print_text(options.prompt);
+  Detokenizer detokenizer(tokenizer);
+  const engine::Generation generation = engine.generate(prompt, options.generation, [&](int32_t token) {
+    print_text(detokenizer.push(token));
+    return true;
+  });
+  print_text(detokenizer.flush() + "\n");
+
+  if (generation.stop == engine::StopReason::ContextFull)
+    fmt::print(stderr, "context full: stopped after {} tokens at the context of {}\n", generation.tokens.size(),
+               engine.context());
+  fmt::print(stderr, "load: {:.1f} ms\n", engine.ready_ms());
+  fmt::print(stderr, "prompt: {} tokens in {:.1f} ms, {:.1f} tokens/s\n", generation.prompt_tokens,
+             generation.prompt_seconds * 1e3, generation.prompt_tokens_per_second());
+  fmt::print(stderr, "decode: {} tokens in {:.1f} ms, {:.1f} tokens/s\n", generation.decoded_tokens,
+             generation.decode_seconds * 1e3, generation.decode_tokens_per_second());
+}
+
+}  // namespace
+
+void add_generation_options(CLI::App& command, engine::EngineOptions& engine, engine::GenerationParams& generation) {
+  sampling::SamplingParams& sampling = generation.sampling;
+  // A random seed unless one is given, as llama.cpp; --seed makes a run repeatable.
+  sampling.seed = std::random_device{}();
+  command.add_option("-n,--n-predict", generation.max_tokens, "Tokens to generate at most (-1: until the context is full)")
+      ->capture_default_str();
+  command.add_option("-c,--ctx", engine.context, "Context size in tokens (0: the model's, capped to a quarter of RAM)")
+      ->check(CLI::NonNegativeNumber);
+  command.add_option("-t,--threads", engine.threads, "Threads (0: one per physical core)")->check(CLI::NonNegativeNumber);
+  command.add_flag("--ignore-eos", generation.ignore_eos, "Keep generating past the model's end-of-generation tokens");
+  command.add_option("--temp", sampling.temperature, "Temperature (<= 0: greedy)")->capture_default_str();
+  command.add_option("--top-k", sampling.top_k, "Keep the K most likely tokens (0: off)")->capture_default_str();
+  command.add_option("--top-p", sampling.top_p, "Keep the most likely tokens up to this total probability (1: off)")
+      ->capture_default_str();
+  command.add_option("--min-p", sampling.min_p, "Drop tokens less likely than this fraction of the best (0: off)")
+      ->capture_default_str();
+  command.add_option("--repeat-penalty", sampling.repeat_penalty, "Penalty for repeated tokens (1: off)")
+      ->capture_default_str();
+  command.add_option("--repeat-last-n", sampling.penalty_last_n, "Tokens the penalties look back over (-1: all)")
+      ->capture_default_str();
+  command.add_option("--frequency-penalty", sampling.frequency_penalty, "Subtracted once per earlier occurrence")
+      ->capture_default_str();
+  command.add_option("--presence-penalty", sampling.presence_penalty, "Subtracted from every earlier token")
+      ->capture_default_str();
+  command.add_option("-s,--seed", sampling.seed, "Random seed (default: random)");
+}
+
+void add_run_command(CLI::App& app) {
+  auto options = std::make_shared<RunOptions>();
+  CLI::App* command = app.add_subcommand("run", "Continue a prompt, streaming the text as it is generated");
+  command->add_option("-m,--model", options->model, "GGUF model file")->required();
+  command->add_option("-p,--prompt", options->prompt, "Text to continue")->required();
+  add_generation_options(*command, options->engine, options->generation);
+  command->callback([options] { run(*options); });
+}
+
+}  // namespace rf::cli

@@ -1,0 +1,112 @@
+// A model ready to generate text: the GGUF file, its execution plan, the CPU forward pass with its KV cache,
+// and the tokenizer. The engine remembers which tokens its KV cache holds, so a prompt that starts like the
+// previous one (the next turn of a chat, a prompt continued) evaluates only the tokens that differ.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/transformer.h"
+#include "gguf/gguf.h"
+#include "model/execution_plan.h"
+#include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace rf::engine {
+
+struct EngineOptions {
+  int threads = 0;      // 0: physical cores
+  int64_t context = 0;  // positions the KV cache holds; 0: default_context()
+};
+
+struct GenerationParams {
+  int64_t max_tokens = 128;  // tokens to generate at most; < 0: until the context is full
+  bool ignore_eos = false;   // keep going past the model's end-of-generation tokens
+  sampling::SamplingParams sampling;
+};
+
+enum class StopReason {
+  EndOfGeneration,  // the model produced an end-of-generation token (not part of the output)
+  TokenLimit,       // max_tokens were generated
+  ContextFull,      // the KV cache holds context() positions: nothing more can be evaluated
+  Callback,         // on_token asked to stop
+};
+
+struct Generation {
+  std::vector<int32_t> tokens;  // generated, without the end-of-generation token
+  StopReason stop = StopReason::TokenLimit;
+  int64_t prompt_tokens = 0;    // prompt tokens evaluated now
+  int64_t reused_tokens = 0;    // prompt tokens whose keys and values the cache already held
+  double prompt_seconds = 0.0;
+  int64_t decoded_tokens = 0;   // generated tokens evaluated (the last one is not, unless generation goes on)
+  double decode_seconds = 0.0;
+  double prompt_tokens_per_second() const { return prompt_seconds > 0 ? prompt_tokens / prompt_seconds : 0.0; }
+  double decode_tokens_per_second() const { return decode_seconds > 0 ? decoded_tokens / decode_seconds : 0.0; }
+};
+
+// Called with each generated token as it is chosen; returning false stops generation.
+using TokenCallback = std::function<bool(int32_t token)>;
+
+// The model's context length, capped so that an F16 KV cache takes at most a quarter of physical memory.
+int64_t default_context(const model::ModelConfig& config);
+
+class Engine {
+ public:
+  // Opens the file and checks everything a forward pass needs (an unsupported architecture or tensor type, a
+  // missing tensor, a vocabulary-only file are rf::Errors naming what is wrong), then maps every weight.
+  explicit Engine(const std::string& model_path, const EngineOptions& options = {});
+
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const model::ModelConfig& config() const { return plan_->config(); }
+  const model::ExecutionPlan& plan() const { return *plan_; }
+  const gguf::File& file() const { return *file_; }
+  int64_t context() const { return transformer_->context(); }
+  int threads() { return transformer_->pool().size(); }
+  // Milliseconds from the start of the constructor until the file was parsed and checked (open) and until
+  // every weight was mapped and the KV cache allocated (ready).
+  double open_ms() const { return open_ms_; }
+  double ready_ms() const { return ready_ms_; }
+
+  // An rf::Error "prompt of N tokens does not fit the context of M" when `tokens` positions do not fit.
+  void require_fits(int64_t tokens) const;
+
+  // Evaluates `tokens` as one sequence from position 0, reusing the cached keys and values of the longest
+  // prefix it shares with the cached tokens; returns the logits of the last token (vocab_size floats, valid
+  // until the next evaluation). A sequence longer than the context is an rf::Error.
+  std::span<const float> evaluate(std::span<const int32_t> tokens);
+  // Evaluates `tokens` from position 0 without reusing anything and returns the logits of every token, row
+  // after row (perplexity).
+  std::span<const float> evaluate_all(std::span<const int32_t> tokens);
+  // Evaluates one more token after the cached ones and returns its logits (the next step of decoding).
+  std::span<const float> append(int32_t token);
+  // Forgets every cached position.
+  void reset();
+  // Tokens whose keys and values the KV cache holds, in order, and how many the last evaluation computed.
+  const std::vector<int32_t>& cached_tokens() const { return cached_; }
+  int64_t last_evaluated() const { return last_evaluated_; }
+
+  // Evaluates the prompt (reusing the cached prefix) and generates until an end-of-generation token (unless
+  // params.ignore_eos), params.max_tokens, a full context, or on_token returning false. The penalties see the
+  // prompt as history. A prompt longer than the context is an rf::Error "prompt of N tokens does not fit the
+  // context of M".
+  Generation generate(std::span<const int32_t> prompt, const GenerationParams& params, const TokenCallback& on_token);
+
+ private:
+  // Drops every cached position from `keep` on (keep <= cached), then evaluates `tokens` at positions keep,
+  // keep + 1, ... A total longer than the context is an rf::Error.
+  std::span<const float> extend(int64_t keep, std::span<const int32_t> tokens, cpu::Logits which);
+
+  std::shared_ptr<const gguf::File> file_;
+  std::unique_ptr<model::ExecutionPlan> plan_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<cpu::Transformer> transformer_;
+  std::vector<int32_t> cached_;
+  int64_t last_evaluated_ = 0;
+  double open_ms_ = 0.0;
+  double ready_ms_ = 0.0;
+};
+
+}  // namespace rf::engine

@@ -1,0 +1,77 @@
+// `rocmforge run`: text on stdout (greedy text equal to llama.cpp's continuation), speeds on stderr, and one
+// error line for a prompt longer than the context or a file without weights.
+#include <fstream>
+#include <memory>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_run.h"
+#include "gguf/writer.h"
+#include "tokenizer/tokenizer.h"
+
+namespace rf::test {
+namespace {
+
+const std::string kStories = model_path("stories260K.gguf");
+
+class RunTest : public CliTest {
+ protected:
+  // A copy of stories260K with general.architecture set to `architecture` and without the tensor `dropped`.
+  std::string variant(const std::string& name, const std::string& architecture, const std::string& dropped) const {
+    const std::shared_ptr<const gguf::File> source = gguf::File::open(kStories);
+    gguf::Writer writer;
+    for (const gguf::KeyValue& kv : source->metadata()) writer.set_value(kv.key, kv.value);
+    writer.set_string("general.architecture", architecture);
+    for (const gguf::TensorInfo& info : source->tensors())
+      if (info.name != dropped)
+        writer.add_tensor(std::string(info.name), info.type(), info.shape(),
+                          [source, &info](const gguf::ByteSink& sink) { sink(source->tensor_data(info)); });
+    writer.write(path(name));
+    return path(name);
+  }
+};
+
+TEST_F(RunTest, StreamsTextAndReportsSpeeds) {
+  const RunResult result = run("run -m '" + kStories + "' -p 'Once upon a time' -n 16 --seed 7 --ctx 64");
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_EQ(result.out.rfind("Once upon a time", 0), 0u) << result.out;
+  EXPECT_GT(result.out.size(), std::string("Once upon a time").size() + 8) << result.out;
+  EXPECT_NE(result.err.find("load: "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("prompt: 5 tokens"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("decode: 15 tokens"), std::string::npos) << result.err;
+}
+
+TEST_F(RunTest, GreedyTextIsLlamaCppsContinuation) {
+  const nlohmann::json ref = nlohmann::json::parse(std::ifstream(shared_path("reference/stories260K.p1.json")));
+  const auto greedy = ref.at("greedy_tokens").get<std::vector<int32_t>>();
+  const auto file = gguf::File::open(kStories);
+  const Tokenizer tokenizer(*file);
+  Detokenizer detokenizer(tokenizer);
+  std::string expected = ref.at("prompt").get<std::string>();
+  for (const int32_t token : greedy) expected += detokenizer.push(token);
+  expected += detokenizer.flush() + "\n";
+
+  const RunResult result =
+      run("run -m '" + kStories + "' -p 'Once upon a time' --temp 0 -n " + std::to_string(greedy.size()));
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_EQ(result.out, expected);
+}
+
+TEST_F(RunTest, PromptLongerThanTheContext) {
+  expect_error("run -m '" + kStories + "' -p 'Once upon a time there was a dog' --ctx 4",
+               "does not fit the context of 4");
+}
+
+TEST_F(RunTest, UnsupportedArchitectureAndMissingTensor) {
+  expect_error("run -m '" + variant("gpt2.gguf", "gpt2", "") + "' -p 'Hello'", "architecture 'gpt2' is not supported");
+  expect_error("run -m '" + variant("no_norm.gguf", "llama", "output_norm.weight") + "' -p 'Hello'",
+               "missing tensor 'output_norm.weight'");
+}
+
+TEST_F(RunTest, VocabularyOnlyFile) {
+  expect_error("run -m '" + shared_path("vocab/ggml-vocab-llama-spm.gguf") + "' -p 'Hello'", "no tensors");
+}
+
+}  // namespace
+}  // namespace rf::test
