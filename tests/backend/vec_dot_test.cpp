@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -100,6 +101,28 @@ TEST_P(VecDot, ExtremeQuantsDoNotOverflow) {
   double magnitude = 0;
   for (int64_t i = 0; i < n; ++i) magnitude += std::fabs(c.dequantized_weights[i]);
   EXPECT_NEAR(simd, portable, 1e-5 * magnitude) << tensor_type_name(type);
+}
+
+// The multi-row kernels do the same arithmetic per row as vec_dot: equal results, not merely close ones.
+// Nine rows cover two full groups of the kernels and a remainder; every third output slot is written.
+TEST_P(VecDot, RowsMatchVecDotExactly) {
+  const TensorType type = GetParam();
+  const int64_t n = 768;  // an odd number of 32-element blocks, three super-blocks
+  constexpr int64_t kRows = 9, kOutStride = 3;
+  const Case weight = make_case(type, n, 7);
+  const size_t stride = activation_bytes(type, n);
+  std::vector<uint8_t> activations(stride * kRows);
+  for (int64_t t = 0; t < kRows; ++t) {
+    const Case c = make_case(type, n, static_cast<uint32_t>(100 + t));
+    std::copy(c.activation.begin(), c.activation.end(), activations.begin() + static_cast<ptrdiff_t>(t * stride));
+  }
+  std::vector<float> out(kRows * kOutStride, -1.0f);
+  vec_dot_rows(type, weight.weights.data(), activations.data(), stride, kRows, n, out.data(), kOutStride);
+  for (int64_t t = 0; t < kRows; ++t) {
+    EXPECT_EQ(out[t * kOutStride], vec_dot(type, weight.weights.data(), activations.data() + t * stride, n))
+        << tensor_type_name(type) << " row " << t;
+    EXPECT_EQ(out[t * kOutStride + 1], -1.0f);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, VecDot,

@@ -67,10 +67,12 @@ class CliTest : public ::testing::Test {
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
-  // Runs `rocmforge ARGS` (ARGS as a shell would split them) with stdout and stderr captured.
-  RunResult run(const std::string& args) const {
-    const std::string out = path(".stdout"), err = path(".stderr");
-    const std::string command = fmt::format("'{}' {} >'{}' 2>'{}' </dev/null", cli_path(), args, out, err);
+  // Runs `rocmforge ARGS` (ARGS as a shell would split them) with `input` on stdin and stdout and stderr
+  // captured.
+  RunResult run(const std::string& args, const std::string& input = "") const {
+    const std::string in = path(".stdin"), out = path(".stdout"), err = path(".stderr");
+    std::ofstream(in, std::ios::binary) << input;
+    const std::string command = fmt::format("'{}' {} <'{}' >'{}' 2>'{}'", cli_path(), args, in, out, err);
     const int raw = std::system(command.c_str());
     return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, read_text(out), read_text(err)};
   }

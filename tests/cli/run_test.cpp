@@ -1,13 +1,12 @@
 // `rocmforge run`: text on stdout (greedy text equal to llama.cpp's continuation), speeds on stderr, and one
 // error line for a prompt longer than the context or a file without weights.
 #include <fstream>
-#include <memory>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_run.h"
-#include "gguf/writer.h"
+#include "model_variant.h"
 #include "tokenizer/tokenizer.h"
 
 namespace rf::test {
@@ -15,22 +14,7 @@ namespace {
 
 const std::string kStories = model_path("stories260K.gguf");
 
-class RunTest : public CliTest {
- protected:
-  // A copy of stories260K with general.architecture set to `architecture` and without the tensor `dropped`.
-  std::string variant(const std::string& name, const std::string& architecture, const std::string& dropped) const {
-    const std::shared_ptr<const gguf::File> source = gguf::File::open(kStories);
-    gguf::Writer writer;
-    for (const gguf::KeyValue& kv : source->metadata()) writer.set_value(kv.key, kv.value);
-    writer.set_string("general.architecture", architecture);
-    for (const gguf::TensorInfo& info : source->tensors())
-      if (info.name != dropped)
-        writer.add_tensor(std::string(info.name), info.type(), info.shape(),
-                          [source, &info](const gguf::ByteSink& sink) { sink(source->tensor_data(info)); });
-    writer.write(path(name));
-    return path(name);
-  }
-};
+class RunTest : public CliTest {};
 
 TEST_F(RunTest, StreamsTextAndReportsSpeeds) {
   const RunResult result = run("run -m '" + kStories + "' -p 'Once upon a time' -n 16 --seed 7 --ctx 64");
@@ -64,9 +48,11 @@ TEST_F(RunTest, PromptLongerThanTheContext) {
 }
 
 TEST_F(RunTest, UnsupportedArchitectureAndMissingTensor) {
-  expect_error("run -m '" + variant("gpt2.gguf", "gpt2", "") + "' -p 'Hello'", "architecture 'gpt2' is not supported");
-  expect_error("run -m '" + variant("no_norm.gguf", "llama", "output_norm.weight") + "' -p 'Hello'",
-               "missing tensor 'output_norm.weight'");
+  const TempModel gpt2("stories260K",
+                       ModelEdits().edit_keys([](gguf::Writer& w) { w.set_string("general.architecture", "gpt2"); }));
+  expect_error("run -m '" + gpt2.path() + "' -p 'Hello'", "architecture 'gpt2' is not supported");
+  const TempModel no_norm("stories260K", ModelEdits().drop_tensor("output_norm.weight"));
+  expect_error("run -m '" + no_norm.path() + "' -p 'Hello'", "missing tensor 'output_norm.weight'");
 }
 
 TEST_F(RunTest, VocabularyOnlyFile) {

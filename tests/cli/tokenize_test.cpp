@@ -10,17 +10,7 @@
 namespace rf::test {
 namespace {
 
-class TokenizeTest : public CliTest {
- protected:
-  // Runs `rocmforge ARGS` with `input` on stdin (CliTest::run gives it /dev/null).
-  RunResult run_with_input(const std::string& args, const std::string& input) const {
-    std::ofstream(path("stdin"), std::ios::binary) << input;
-    const std::string command = "'" + cli_path() + "' " + args + " <'" + path("stdin") + "' >'" + path("stdout") +
-                                "' 2>'" + path("stderr") + "'";
-    const int raw = std::system(command.c_str());
-    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, read_text(path("stdout")), read_text(path("stderr"))};
-  }
-};
+class TokenizeTest : public CliTest {};
 
 TEST_F(TokenizeTest, PromptWithBos) {
   // stories260K's tokenizer, as llama.cpp tokenized the reference prompt.
@@ -37,7 +27,7 @@ TEST_F(TokenizeTest, JsonlMatchesTheVocabTestVectors) {
   for (size_t begin = 0, end; (end = inputs.find(separator, begin)) != std::string::npos; begin = end + separator.size())
     jsonl += nlohmann::json(inputs.substr(begin, end - begin)).dump() + "\n";
 
-  const RunResult result = run_with_input("tokenize -m '" + vocab + "' --jsonl --no-bos", jsonl);
+  const RunResult result = run("tokenize -m '" + vocab + "' --jsonl --no-bos", jsonl);
   ASSERT_EQ(result.status, 0) << result.err;
   const std::vector<std::string> expected = lines(read_text(vocab + ".out"));
   const std::vector<std::string> actual = lines(result.out);
@@ -53,7 +43,7 @@ TEST_F(TokenizeTest, JsonlMatchesTheVocabTestVectors) {
 
 TEST_F(TokenizeTest, JsonlRejectsWhatIsNotAString) {
   const RunResult result =
-      run_with_input("tokenize -m '" + model_path("stories260K.gguf") + "' --jsonl", "\"fine\"\n[1, 2]\n");
+      run("tokenize -m '" + model_path("stories260K.gguf") + "' --jsonl", "\"fine\"\n[1, 2]\n");
   EXPECT_NE(result.status, 0);
   EXPECT_NE(result.err.find("error: line 2 of stdin is not a JSON string"), std::string::npos) << result.err;
 }

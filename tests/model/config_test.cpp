@@ -8,7 +8,7 @@
 
 #include "backend/cpu/residency.h"
 #include "model/execution_plan.h"
-#include "model/model_variant.h"
+#include "model_variant.h"
 
 namespace rf {
 namespace {
@@ -39,7 +39,7 @@ std::string error_of(F&& f) {
 }
 
 TEST(ConfigTest, Stories260K) {
-  const ModelConfig c = config_of(test::model_path("stories260K"));
+  const ModelConfig c = config_of(test::shared_model("stories260K"));
   EXPECT_EQ(c.architecture, "llama");
   EXPECT_EQ(c.n_embd, 64);
   EXPECT_EQ(c.n_layers, 5);
@@ -59,7 +59,7 @@ TEST(ConfigTest, Stories260K) {
 }
 
 TEST(ConfigTest, TinyStoriesIsTied) {
-  const ModelConfig c = config_of(test::model_path("TinyStories-656K-Q8_0"));
+  const ModelConfig c = config_of(test::shared_model("TinyStories-656K-Q8_0"));
   EXPECT_EQ(c.n_embd, 128);
   EXPECT_EQ(c.n_layers, 2);
   EXPECT_EQ(c.n_heads, 8);
@@ -71,12 +71,12 @@ TEST(ConfigTest, TinyStoriesIsTied) {
   EXPECT_FLOAT_EQ(c.rms_eps, 1e-6f);
   EXPECT_EQ(c.rope_dims, 16);
   EXPECT_TRUE(c.tied_embeddings);
-  const model::ExecutionPlan plan = plan_of(test::model_path("TinyStories-656K-Q8_0"));
+  const model::ExecutionPlan plan = plan_of(test::shared_model("TinyStories-656K-Q8_0"));
   EXPECT_EQ(&plan.output().info(), &plan.token_embd().info());
 }
 
 TEST(ConfigTest, LlamaTinyRandom) {
-  const ModelConfig c = config_of(test::model_path("llama-2-tiny-random"));
+  const ModelConfig c = config_of(test::shared_model("llama-2-tiny-random"));
   EXPECT_EQ(c.n_embd, 8);
   EXPECT_EQ(c.n_layers, 1);
   EXPECT_EQ(c.n_heads, 2);
@@ -93,7 +93,7 @@ TEST(ConfigTest, EverySyntheticModelPlans) {
   for (const char* type : {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M",
                            "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"}) {
     SCOPED_TRACE(type);
-    const model::ExecutionPlan plan = plan_of(test::model_path(std::string("synth-tiny256-") + type));
+    const model::ExecutionPlan plan = plan_of(test::shared_model(std::string("synth-tiny256-") + type));
     const ModelConfig& c = plan.config();
     EXPECT_EQ(c.n_embd, 256);
     EXPECT_EQ(c.n_layers, 4);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "model/execution_plan.h"
-#include "model/model_variant.h"
+#include "model_variant.h"
 
 namespace rf {
 namespace {
@@ -34,7 +34,7 @@ class CountingResidency final : public model::Residency {
 };
 
 model::ExecutionPlan plan_with(const std::shared_ptr<CountingResidency>& residency, const std::string& model) {
-  return model::ExecutionPlan::build(gguf::File::open(test::model_path(model)), residency);
+  return model::ExecutionPlan::build(gguf::File::open(test::shared_model(model)), residency);
 }
 
 TEST(LazyTensorTest, BuildingAPlanMaterializesNothing) {

@@ -16,7 +16,8 @@
 
 namespace rf::test {
 
-inline std::string model_path(const std::string& name) { return shared_path("models/" + name + ".gguf"); }
+// A shared model by name, without the .gguf ending.
+inline std::string shared_model(const std::string& name) { return shared_path("models/" + name + ".gguf"); }
 
 // What to change while copying a model: keys are copied, then edited; tensors are copied except the dropped
 // ones, then more are added.
@@ -47,7 +48,7 @@ class TempModel {
     static int counter = 0;
     path_ = ::testing::TempDir() + "rf_model_variant_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) +
             ".gguf";
-    const std::shared_ptr<const gguf::File> source = gguf::File::open(model_path(model));
+    const std::shared_ptr<const gguf::File> source = gguf::File::open(shared_model(model));
     gguf::Writer writer;
     for (const gguf::KeyValue& kv : source->metadata()) writer.set_value(kv.key, kv.value);
     edits.keys(writer);
