@@ -1,0 +1,87 @@
+// Element-wise work on activations: SwiGLU (quantizing its output for the down projection in the same pass),
+// and the 8-bit and f16 forms that products read.
+#include "backend/gpu/device.cuh"
+#include "backend/gpu/kernels.h"
+#include "backend/gpu/quantize.cuh"
+
+namespace rf::gpu {
+namespace {
+
+constexpr int kThreads = kQuantizeThreads;
+
+unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+// One thread per value; a thread block covers kThreads consecutive values (a Q8_K block, eight Q8_0 blocks).
+template <ActivationBlocks kBlocks>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const float* x, int64_t n, int8_t* q,
+                                                            ActivationScale* scales, uint16_t* f16) {
+  __shared__ float scratch[kThreads / 32];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const bool active = i - threadIdx.x % kTeam < n;  // n is a multiple of the block size
+  quantize_element<kBlocks>(i < n ? x[i] : 0.0f, i, active, q, scales, f16, scratch);
+}
+
+__global__ void __launch_bounds__(kThreads) f16_kernel(const float* x, int64_t n, uint16_t* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) out[i] = float_to_half(x[i]);
+}
+
+template <ActivationBlocks kBlocks>
+__global__ void __launch_bounds__(kThreads) swiglu_kernel(const float* gate, const float* up, int64_t n,
+                                                          ActivationOutput out) {
+  __shared__ float scratch[kThreads / 32];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const bool active = i - threadIdx.x % kTeam < n;
+  float value = 0.0f;
+  if (i < n) {
+    const float g = gate[i];
+    value = g / (1.0f + expf(-g)) * up[i];
+    out.f32[i] = value;
+  }
+  quantize_element<kBlocks>(value, i, active, out.q, out.scales, nullptr, scratch);
+}
+
+}  // namespace
+
+ActivationBlocks activation_blocks(TensorType weight_type) {
+  switch (weight_type) {
+    case TensorType::F32:
+    case TensorType::F16:
+    case TensorType::BF16:
+      return ActivationBlocks::None;
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
+    case TensorType::IQ4_XS:
+      return ActivationBlocks::Q8_K;
+    default:
+      return ActivationBlocks::Q8_0;
+  }
+}
+
+void quantize_rows(ActivationBlocks blocks, const float* x, int64_t rows, int64_t cols, int8_t* q,
+                   ActivationScale* scales, uint16_t* f16, gpuStream_t stream) {
+  const int64_t n = rows * cols;
+  with_activation_blocks(blocks, [&]<ActivationBlocks kBlocks>() {
+    quantize_kernel<kBlocks><<<blocks_for(n), kThreads, 0, stream>>>(x, n, q, scales, f16);
+    check_launch("quantize_rows");
+  });
+}
+
+void convert_to_f16(const float* x, int64_t n, uint16_t* out, gpuStream_t stream) {
+  f16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, out);
+  check_launch("convert_to_f16");
+}
+
+void swiglu(const float* gate, const float* up, int64_t rows, int64_t cols, const ActivationOutput& out,
+            gpuStream_t stream) {
+  const int64_t n = rows * cols;
+  with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
+    swiglu_kernel<kBlocks><<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n, out);
+    check_launch("swiglu");
+  });
+}
+
+}  // namespace rf::gpu

@@ -1,0 +1,500 @@
+// One decoder per weight type: how a lane reads a slice of a block and turns it into numbers. Every kernel
+// that reads weights (matrix-vector products, dequantization for prompt GEMMs, embedding lookup) is written
+// once against this interface:
+//
+//   Decoder<T>::kBlockElements  elements of one block (for the float types, the 16 bytes a lane loads)
+//   Decoder<T>::kSlices         slices per block; a slice is what one lane decodes at a time: 16 or 32 bytes
+//                               of quants with the header fields they need
+//   Decoder<T>::Slice           what load() returns: quants in groups of 16 or 32 with an affine map
+//                               x = scale * q + offset (QuantSlice), or plain values (FloatSlice)
+//   Decoder<T>::group_start(s, g)  the block element where group g of slice s starts (its elements are
+//                               consecutive, so the matching activations are one or two 16-byte loads)
+//   Decoder<T>::load(w, b, s)   slice s of block b (blocks counted from the matrix's first, row after row)
+//
+// Quants stay packed four to an int, so a dot product with 8-bit activations is one dp4a per four elements
+// and the per-group scale and offset are applied once per group. The hot types (Q8_0, Q4_K, Q5_K, Q6_K) take
+// 32 bytes of quants per slice and decode their header fields without branches, which keeps the
+// instructions per weight byte low enough for the products to stay bound by memory bandwidth. Offsets (the minimums of Q4_1 and the
+// K-quants, the fixed -8, -16, -32, -4 of Q4_0, Q5_0, Q6_K, Q3_K) use the activations' precomputed sums.
+// Block layouts are those of quant/blocks.h; split types (weight_layout.h) read their scale from w.scales.
+#pragma once
+#include <cstdint>
+
+#include "backend/gpu/device.cuh"
+#include "backend/gpu/weight_layout.h"
+#include "gguf/tensor_type.h"
+
+namespace rf::gpu {
+
+// Groups of 16 or 32 quants (kInts ints) sharing one affine map; bytes of q are non-negative levels or signed
+// values, four to an int, in element order.
+template <int kGroups_, int kInts_ = 4>
+struct QuantSlice {
+  static constexpr int kGroups = kGroups_;
+  static constexpr int kInts = kInts_;
+  int q[kGroups][kInts];
+  float scale[kGroups];
+  float offset[kGroups];
+};
+
+template <int kElements_>
+struct FloatSlice {
+  static constexpr int kElements = kElements_;
+  float v[kElements];
+};
+
+template <TensorType T>
+struct Decoder;
+
+namespace decode {
+
+constexpr uint32_t kLowNibbles = 0x0F0F0F0Fu;
+
+__device__ __forceinline__ const uint8_t* payload(const WeightView& w, int64_t block, int stride) {
+  return w.blocks + block * stride;
+}
+
+__device__ __forceinline__ int component(const int4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// Bits 0..3 of `bits` moved to bit 0 of bytes 0..3.
+__device__ __forceinline__ int spread_bits(uint32_t bits) {
+  return static_cast<int>((bits & 1u) | ((bits & 2u) << 7) | ((bits & 4u) << 14) | ((bits & 8u) << 21));
+}
+
+// The 16 levels of IQ4_NL and IQ4_XS (quant::kIQ4NLValues).
+__device__ __forceinline__ int iq4_value(uint32_t level) {
+  constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  return static_cast<uint8_t>(kValues[level & 15u]);
+}
+
+// Four 4-bit levels (one per byte, low nibbles) -> four IQ4 values.
+__device__ __forceinline__ int iq4_values(uint32_t levels) {
+  return iq4_value(levels) | (iq4_value(levels >> 8) << 8) | (iq4_value(levels >> 16) << 16) |
+         (iq4_value(levels >> 24) << 24);
+}
+
+// The 6-bit scales and mins of sub-blocks 2p and 2p + 1 of Q4_K and Q5_K (quant::k_scale_min) from the 12
+// packed bytes, without branches: lanes decoding different p stay converged. Sub-block j < 4 keeps its scale
+// and min in the low 6 bits of bytes j and j + 4; j >= 4 keeps their low 4 bits in byte j + 4 and their top
+// 2 bits in the top bits of bytes j - 4 and j.
+__device__ __forceinline__ void k_scales_mins(const uint8_t* packed, int p, float d, float dmin, float* scale,
+                                              float* offset) {
+  const auto* words = reinterpret_cast<const uint32_t*>(packed);
+  const int shift = 16 * (p % 2);  // bytes 2p % 4 and 2p % 4 + 1 of each word
+  const uint32_t b0 = words[0] >> shift;
+  const uint32_t b1 = words[1] >> shift;
+  const uint32_t b2 = words[2] >> shift;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const uint32_t w0 = (b0 >> (8 * k)) & 0xFF;
+    const uint32_t w1 = (b1 >> (8 * k)) & 0xFF;
+    const uint32_t w2 = (b2 >> (8 * k)) & 0xFF;
+    const uint32_t sc = p < 2 ? w0 & 63 : (w2 & 0xF) | ((w0 >> 6) << 4);
+    const uint32_t m = p < 2 ? w1 & 63 : (w2 >> 4) | ((w1 >> 6) << 4);
+    scale[k] = d * static_cast<float>(sc);
+    offset[k] = -dmin * static_cast<float>(m);
+  }
+}
+
+// Q4_0, Q4_1, IQ4_NL: 16 nibble bytes; element j in the low nibble of byte j, element j + 16 in the high one.
+template <typename Slice>
+__device__ __forceinline__ void split_nibbles(const int4& qs, Slice& out) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out.q[0][i] = component(qs, i) & kLowNibbles;
+    out.q[1][i] = (component(qs, i) >> 4) & kLowNibbles;
+  }
+}
+
+// Q5_0, Q5_1: the nibbles plus a fifth bit of element j at bit j of qh.
+template <typename Slice>
+__device__ __forceinline__ void split_nibbles_with_high_bit(const int4& qs, uint32_t qh, Slice& out) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out.q[0][i] = (component(qs, i) & kLowNibbles) | (spread_bits(qh >> (4 * i)) << 4);
+    out.q[1][i] = ((component(qs, i) >> 4) & kLowNibbles) | (spread_bits(qh >> (16 + 4 * i)) << 4);
+  }
+}
+
+}  // namespace decode
+
+// ---- float types: a slice is 16 bytes of consecutive values -------------------------------------------------
+
+template <>
+struct Decoder<TensorType::F32> {
+  static constexpr int kBlockElements = 4;
+  static constexpr int kSlices = 1;
+  using Slice = FloatSlice<4>;
+  __device__ static Slice load(const WeightView& w, int64_t block, int) {
+    const float4 v = *reinterpret_cast<const float4*>(decode::payload(w, block, 16));
+    return {{v.x, v.y, v.z, v.w}};
+  }
+};
+
+template <>
+struct Decoder<TensorType::F16> {
+  static constexpr int kBlockElements = 8;
+  static constexpr int kSlices = 1;
+  using Slice = FloatSlice<8>;
+  __device__ static Slice load(const WeightView& w, int64_t block, int) {
+    const int4 v = load_16(decode::payload(w, block, 16));
+    Slice s;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const auto bits = static_cast<uint32_t>(decode::component(v, i));
+      s.v[2 * i] = half_to_float(static_cast<uint16_t>(bits));
+      s.v[2 * i + 1] = half_to_float(static_cast<uint16_t>(bits >> 16));
+    }
+    return s;
+  }
+};
+
+template <>
+struct Decoder<TensorType::BF16> {
+  static constexpr int kBlockElements = 8;
+  static constexpr int kSlices = 1;
+  using Slice = FloatSlice<8>;
+  __device__ static Slice load(const WeightView& w, int64_t block, int) {
+    const int4 v = load_16(decode::payload(w, block, 16));
+    Slice s;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const auto bits = static_cast<uint32_t>(decode::component(v, i));
+      s.v[2 * i] = bf16_to_float(static_cast<uint16_t>(bits));
+      s.v[2 * i + 1] = bf16_to_float(static_cast<uint16_t>(bits >> 16));
+    }
+    return s;
+  }
+};
+
+// ---- 32-element blocks -----------------------------------------------------------------------------------------
+
+// Payload qs[32] (d split off); a slice is the whole block.
+template <>
+struct Decoder<TensorType::Q8_0> {
+  static constexpr int kBlockElements = 32;
+  static constexpr int kSlices = 1;
+  using Slice = QuantSlice<1, 8>;
+  __device__ static int group_start(int, int) { return 0; }
+  __device__ static Slice load(const WeightView& w, int64_t block, int) {
+    const uint8_t* p = decode::payload(w, block, 32);
+    const int4 a = load_16(p);
+    const int4 b = load_16(p + 16);
+    Slice s;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s.q[0][i] = decode::component(a, i);
+      s.q[0][i + 4] = decode::component(b, i);
+    }
+    s.scale[0] = half_to_float(w.scales[block]);
+    s.offset[0] = 0.0f;
+    return s;
+  }
+};
+
+// Payload qs[16] (d split off): x = d * (q - 8).
+template <>
+struct Decoder<TensorType::Q4_0> {
+  static constexpr int kBlockElements = 32;
+  static constexpr int kSlices = 1;
+  using Slice = QuantSlice<2>;
+  __device__ static int group_start(int, int group) { return 16 * group; }
+  __device__ static Slice load(const WeightView& w, int64_t block, int) {
+    Slice s;
+    decode::split_nibbles(load_16(decode::payload(w, block, 16)), s);
+    const float d = half_to_float(w.scales[block]);
+    s.scale[0] = s.scale[1] = d;
+    s.offset[0] = s.offset[1] = -8.0f * d;
+    return s;
+  }
+};
+
+// d, m, qs[16]: x = d * q + m.
+template <>
+struct Decoder<TensorType::Q4_1> {
+  static constexpr int kBlockElements = 32;
+  static constexpr int kSlices = 1;
+  using Slice = QuantSlice<2>;
+  __device__ static int group_start(int, int group) { return 16 * group; }
+  __device__ static Slice load(const WeightView& w, int64_t block, int) {
+    const uint8_t* p = decode::payload(w, block, 20);
+    Slice s;
+    decode::split_nibbles(load_16_from_4(p + 4), s);
+    const auto dm = static_cast<uint32_t>(*reinterpret_cast<const int*>(p));
+    s.scale[0] = s.scale[1] = half_to_float(static_cast<uint16_t>(dm));
+    s.offset[0] = s.offset[1] = half_to_float(static_cast<uint16_t>(dm >> 16));
+    return s;
+  }
+};
+
+// Payload qh[4], qs[16] (d split off): x = d * (q - 16).
+template <>
+struct Decoder<TensorType::Q5_0> {
+  static constexpr int kBlockElements = 32;
+  static constexpr int kSlices = 1;
+  using Slice = QuantSlice<2>;
+  __device__ static int group_start(int, int group) { return 16 * group; }
+  __device__ static Slice load(const WeightView& w, int64_t block, int) {
+    const uint8_t* p = decode::payload(w, block, 20);
+    Slice s;
+    decode::split_nibbles_with_high_bit(load_16_from_4(p + 4), *reinterpret_cast<const uint32_t*>(p), s);
+    const float d = half_to_float(w.scales[block]);
+    s.scale[0] = s.scale[1] = d;
+    s.offset[0] = s.offset[1] = -16.0f * d;
+    return s;
+  }
+};
+
+// d, m, qh[4], qs[16]: x = d * q + m.
+template <>
+struct Decoder<TensorType::Q5_1> {
+  static constexpr int kBlockElements = 32;
+  static constexpr int kSlices = 1;
+  using Slice = QuantSlice<2>;
+  __device__ static int group_start(int, int group) { return 16 * group; }
+  __device__ static Slice load(const WeightView& w, int64_t block, int) {
+    const uint8_t* p = decode::payload(w, block, 24);
+    Slice s;
+    const int2 header = *reinterpret_cast<const int2*>(p);
+    decode::split_nibbles_with_high_bit(load_16_from_8(p + 8), static_cast<uint32_t>(header.y), s);
+    const auto dm = static_cast<uint32_t>(header.x);
+    s.scale[0] = s.scale[1] = half_to_float(static_cast<uint16_t>(dm));
+    s.offset[0] = s.offset[1] = half_to_float(static_cast<uint16_t>(dm >> 16));
+    return s;
+  }
+};
+
+// Payload qs[16] (d split off): x = d * kIQ4NLValues[q].
+template <>
+struct Decoder<TensorType::IQ4_NL> {
+  static constexpr int kBlockElements = 32;
+  static constexpr int kSlices = 1;
+  using Slice = QuantSlice<2>;
+  __device__ static int group_start(int, int group) { return 16 * group; }
+  __device__ static Slice load(const WeightView& w, int64_t block, int) {
+    Slice s;
+    decode::split_nibbles(load_16(decode::payload(w, block, 16)), s);
+#pragma unroll
+    for (int g = 0; g < 2; ++g)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s.q[g][i] = decode::iq4_values(static_cast<uint32_t>(s.q[g][i]));
+    s.scale[0] = s.scale[1] = half_to_float(w.scales[block]);
+    s.offset[0] = s.offset[1] = 0.0f;
+    return s;
+  }
+};
+
+// ---- 256-element super-blocks ----------------------------------------------------------------------------------
+
+// scales[16], qs[64], d, dmin. Slice (h, m) = 16 bytes of qs at 32h + 16m: their 2-bit fields k = 0..3 are
+// elements 128h + 32k + 16m + 0..15, sub-block 8h + 2k + m.
+template <>
+struct Decoder<TensorType::Q2_K> {
+  static constexpr int kBlockElements = 256;
+  static constexpr int kSlices = 4;
+  using Slice = QuantSlice<4>;
+  __device__ static int group_start(int slice, int group) { return 128 * (slice / 2) + 32 * group + 16 * (slice % 2); }
+  __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
+    const uint8_t* p = decode::payload(w, block, 84);
+    const int h = slice / 2;
+    const int m = slice % 2;
+    const int4 v = load_16_from_4(p + 16 + 32 * h + 16 * m);
+    const auto dd = static_cast<uint32_t>(*reinterpret_cast<const int*>(p + 80));
+    const float d = half_to_float(static_cast<uint16_t>(dd));
+    const float dmin = half_to_float(static_cast<uint16_t>(dd >> 16));
+    Slice s;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s.q[k][i] = (decode::component(v, i) >> (2 * k)) & 0x03030303;
+      const int sc = p[8 * h + 2 * k + m];
+      s.scale[k] = d * static_cast<float>(sc & 15);
+      s.offset[k] = -dmin * static_cast<float>(sc >> 4);
+    }
+    return s;
+  }
+};
+
+// Payload hmask[32], qs[64], scales[12] (d split off). Slices as Q2_K; the third bit of element
+// 128h + 32k + 16m + i is bit 4h + k of hmask[16m + i]; x = d * (scale - 32) * (q - 4).
+template <>
+struct Decoder<TensorType::Q3_K> {
+  static constexpr int kBlockElements = 256;
+  static constexpr int kSlices = 4;
+  using Slice = QuantSlice<4>;
+  __device__ static int group_start(int slice, int group) { return 128 * (slice / 2) + 32 * group + 16 * (slice % 2); }
+  __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
+    const uint8_t* p = decode::payload(w, block, 108);
+    const int h = slice / 2;
+    const int m = slice % 2;
+    const int4 v = load_16_from_4(p + 32 + 32 * h + 16 * m);
+    const int4 hmask = load_16_from_4(p + 16 * m);
+    const uint8_t* packed_scales = p + 96;
+    const float d = half_to_float(w.scales[block]);
+    Slice s;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        s.q[k][i] = ((decode::component(v, i) >> (2 * k)) & 0x03030303) |
+                    (((decode::component(hmask, i) >> (4 * h + k)) & 0x01010101) << 2);
+      const int j = 8 * h + 2 * k + m;
+      const int sc = ((packed_scales[j % 8] >> (4 * (j / 8))) & 0xF) | (((packed_scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
+      s.scale[k] = d * static_cast<float>(sc - 32);
+      s.offset[k] = -4.0f * s.scale[k];
+    }
+    return s;
+  }
+};
+
+// d, dmin, scales[12], qs[128]. Slice p = 32 bytes of qs at 32p: low nibbles are elements 64p + 0..31
+// (sub-block 2p), high nibbles 64p + 32..63 (sub-block 2p + 1).
+template <>
+struct Decoder<TensorType::Q4_K> {
+  static constexpr int kBlockElements = 256;
+  static constexpr int kSlices = 4;
+  using Slice = QuantSlice<2, 8>;
+  __device__ static int group_start(int slice, int group) { return 64 * slice + 32 * group; }
+  __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
+    const uint8_t* p = decode::payload(w, block, 144);
+    const int4 a = load_16(p + 16 + 32 * slice);
+    const int4 b = load_16(p + 32 + 32 * slice);
+    const auto dd = static_cast<uint32_t>(*reinterpret_cast<const int*>(p));
+    Slice s;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s.q[0][i] = decode::component(a, i) & decode::kLowNibbles;
+      s.q[0][i + 4] = decode::component(b, i) & decode::kLowNibbles;
+      s.q[1][i] = (decode::component(a, i) >> 4) & decode::kLowNibbles;
+      s.q[1][i + 4] = (decode::component(b, i) >> 4) & decode::kLowNibbles;
+    }
+    decode::k_scales_mins(p + 4, slice, half_to_float(static_cast<uint16_t>(dd)),
+                          half_to_float(static_cast<uint16_t>(dd >> 16)), s.scale, s.offset);
+    return s;
+  }
+};
+
+// d, dmin, scales[12], qh[32], qs[128]. Slices as Q4_K; the fifth bit of element 64p + l is bit 2p of qh[l],
+// of element 64p + 32 + l bit 2p + 1.
+template <>
+struct Decoder<TensorType::Q5_K> {
+  static constexpr int kBlockElements = 256;
+  static constexpr int kSlices = 4;
+  using Slice = QuantSlice<2, 8>;
+  __device__ static int group_start(int slice, int group) { return 64 * slice + 32 * group; }
+  __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
+    const uint8_t* p = decode::payload(w, block, 176);
+    const int4 a = load_16(p + 48 + 32 * slice);
+    const int4 b = load_16(p + 64 + 32 * slice);
+    const int4 ha = load_16(p + 16);
+    const int4 hb = load_16(p + 32);
+    const auto dd = static_cast<uint32_t>(*reinterpret_cast<const int*>(p));
+    Slice s;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int low_a = (decode::component(ha, i) >> (2 * slice)) & 0x01010101;
+      const int low_b = (decode::component(hb, i) >> (2 * slice)) & 0x01010101;
+      const int high_a = (decode::component(ha, i) >> (2 * slice + 1)) & 0x01010101;
+      const int high_b = (decode::component(hb, i) >> (2 * slice + 1)) & 0x01010101;
+      s.q[0][i] = (decode::component(a, i) & decode::kLowNibbles) | (low_a << 4);
+      s.q[0][i + 4] = (decode::component(b, i) & decode::kLowNibbles) | (low_b << 4);
+      s.q[1][i] = ((decode::component(a, i) >> 4) & decode::kLowNibbles) | (high_a << 4);
+      s.q[1][i + 4] = ((decode::component(b, i) >> 4) & decode::kLowNibbles) | (high_b << 4);
+    }
+    decode::k_scales_mins(p + 4, slice, half_to_float(static_cast<uint16_t>(dd)),
+                          half_to_float(static_cast<uint16_t>(dd >> 16)), s.scale, s.offset);
+    return s;
+  }
+};
+
+// Payload ql[128], qh[64], scales[16] (d split off). Slice (h, j) = 32 bytes of ql at 64h + 32j: low nibbles
+// are elements 128h + 32j + 0..31, high nibbles the same + 64; their top two bits sit at bits 2j and 2j + 4 of
+// qh[32h + 0..31]. Sub-blocks are 16 elements (scale of element e: scales[e / 16]), so a slice has four
+// groups: (k, m) = (j, 0), (j, 1), (j + 2, 0), (j + 2, 1) at 128h + 32k + 16m. x = d * scale * (q - 32).
+template <>
+struct Decoder<TensorType::Q6_K> {
+  static constexpr int kBlockElements = 256;
+  static constexpr int kSlices = 4;
+  using Slice = QuantSlice<4>;
+  __device__ static int group_start(int slice, int group) {
+    return 128 * (slice / 2) + 32 * (slice % 2 + 2 * (group / 2)) + 16 * (group % 2);
+  }
+  __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
+    const uint8_t* p = decode::payload(w, block, 208);
+    const int h = slice / 2;
+    const int j = slice % 2;
+    const int4 low[2] = {load_16(p + 64 * h + 32 * j), load_16(p + 64 * h + 32 * j + 16)};
+    const int4 high[2] = {load_16(p + 128 + 32 * h), load_16(p + 128 + 32 * h + 16)};
+    const auto* scale_words = reinterpret_cast<const uint32_t*>(p + 192 + 8 * h);
+    const float d = half_to_float(w.scales[block]);
+    Slice s;
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int l = decode::component(low[m], i);
+        const int hb = decode::component(high[m], i);
+        s.q[m][i] = (l & decode::kLowNibbles) | (((hb >> (2 * j)) & 0x03030303) << 4);
+        s.q[2 + m][i] = ((l >> 4) & decode::kLowNibbles) | (((hb >> (2 * j + 4)) & 0x03030303) << 4);
+      }
+      // scales[8h + 2k + m]: bytes 2j + m of the word at 8h (k = j) and at 8h + 4 (k = j + 2).
+      s.scale[m] = d * static_cast<float>(static_cast<int8_t>(scale_words[0] >> (8 * (2 * j + m))));
+      s.scale[2 + m] = d * static_cast<float>(static_cast<int8_t>(scale_words[1] >> (8 * (2 * j + m))));
+    }
+#pragma unroll
+    for (int g = 0; g < 4; ++g) s.offset[g] = -32.0f * s.scale[g];
+    return s;
+  }
+};
+
+// d, scales_h, scales_l[4], qs[128]. Slice s = sub-block s: 16 bytes of qs at 16s in IQ4_NL's nibble order;
+// x = d * (scale - 32) * kIQ4NLValues[q].
+template <>
+struct Decoder<TensorType::IQ4_XS> {
+  static constexpr int kBlockElements = 256;
+  static constexpr int kSlices = 8;
+  using Slice = QuantSlice<2>;
+  __device__ static int group_start(int slice, int group) { return 32 * slice + 16 * group; }
+  __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
+    const uint8_t* p = decode::payload(w, block, 136);
+    const int2 header = *reinterpret_cast<const int2*>(p);
+    Slice s;
+    decode::split_nibbles(load_16_from_8(p + 8 + 16 * slice), s);
+#pragma unroll
+    for (int g = 0; g < 2; ++g)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s.q[g][i] = decode::iq4_values(static_cast<uint32_t>(s.q[g][i]));
+    const auto dh = static_cast<uint32_t>(header.x);
+    const int low = (static_cast<uint32_t>(header.y) >> (4 * slice)) & 0xF;
+    const int high = (dh >> (16 + 2 * slice)) & 3;
+    s.scale[0] = s.scale[1] = half_to_float(static_cast<uint16_t>(dh)) * static_cast<float>((low | (high << 4)) - 32);
+    s.offset[0] = s.offset[1] = 0.0f;
+    return s;
+  }
+};
+
+// Calls fn.template operator()<T>() with the weight type as a compile-time constant; false for a type without
+// a decoder.
+template <typename Fn>
+bool with_decoder(TensorType type, Fn&& fn) {
+  switch (type) {
+    case TensorType::F32: fn.template operator()<TensorType::F32>(); return true;
+    case TensorType::F16: fn.template operator()<TensorType::F16>(); return true;
+    case TensorType::BF16: fn.template operator()<TensorType::BF16>(); return true;
+    case TensorType::Q4_0: fn.template operator()<TensorType::Q4_0>(); return true;
+    case TensorType::Q4_1: fn.template operator()<TensorType::Q4_1>(); return true;
+    case TensorType::Q5_0: fn.template operator()<TensorType::Q5_0>(); return true;
+    case TensorType::Q5_1: fn.template operator()<TensorType::Q5_1>(); return true;
+    case TensorType::Q8_0: fn.template operator()<TensorType::Q8_0>(); return true;
+    case TensorType::Q2_K: fn.template operator()<TensorType::Q2_K>(); return true;
+    case TensorType::Q3_K: fn.template operator()<TensorType::Q3_K>(); return true;
+    case TensorType::Q4_K: fn.template operator()<TensorType::Q4_K>(); return true;
+    case TensorType::Q5_K: fn.template operator()<TensorType::Q5_K>(); return true;
+    case TensorType::Q6_K: fn.template operator()<TensorType::Q6_K>(); return true;
+    case TensorType::IQ4_NL: fn.template operator()<TensorType::IQ4_NL>(); return true;
+    case TensorType::IQ4_XS: fn.template operator()<TensorType::IQ4_XS>(); return true;
+    default: return false;
+  }
+}
+
+}  // namespace rf::gpu

@@ -1,0 +1,122 @@
+// Device-side portability for the kernels: one source compiles with nvcc for NVIDIA and with hipcc for AMD.
+// What differs between the two is gathered here: the runtime header, the warp (32 lanes on NVIDIA, a
+// wavefront of 64 on CDNA and 32 on RDNA), warp shuffles, the 4-way int8 dot product, and half floats.
+#pragma once
+#include <cstdint>
+
+#if defined(ROCMFORGE_GPU_HIP)
+#include <hip/hip_fp16.h>
+#include <hip/hip_runtime.h>
+#else
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace rf::gpu {
+
+// Lanes of the hardware warp. Kernels that only need a fixed group of lanes use kTeam instead, which is the
+// same on every GPU, so that launch configurations do not depend on the warp width.
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+constexpr int kWarpSize = __AMDGCN_WAVEFRONT_SIZE;
+#elif defined(ROCMFORGE_GPU_HIP)
+constexpr int kWarpSize = 64;
+#else
+constexpr int kWarpSize = 32;
+#endif
+
+// 32 consecutive lanes of one warp that cooperate on one row (a warp or half a wavefront).
+constexpr int kTeam = 32;
+
+// Butterfly exchange among `width` consecutive lanes (a power of two, at most the warp size).
+template <typename T>
+__device__ __forceinline__ T shuffle_xor(T value, int mask, int width) {
+#if defined(ROCMFORGE_GPU_HIP)
+  return __shfl_xor(value, mask, width);
+#else
+  return __shfl_xor_sync(0xffffffffu, value, mask, width);
+#endif
+}
+
+// The value of lane `source` among `width` consecutive lanes.
+template <typename T>
+__device__ __forceinline__ T shuffle(T value, int source, int width) {
+#if defined(ROCMFORGE_GPU_HIP)
+  return __shfl(value, source, width);
+#else
+  return __shfl_sync(0xffffffffu, value, source, width);
+#endif
+}
+
+// Sum and maximum over a team of 32 lanes; every lane of the team gets the result.
+__device__ __forceinline__ float team_sum(float value) {
+#pragma unroll
+  for (int mask = kTeam / 2; mask > 0; mask /= 2) value += shuffle_xor(value, mask, kTeam);
+  return value;
+}
+
+__device__ __forceinline__ float team_max(float value) {
+#pragma unroll
+  for (int mask = kTeam / 2; mask > 0; mask /= 2) value = fmaxf(value, shuffle_xor(value, mask, kTeam));
+  return value;
+}
+
+// Reduction over the whole thread block with `combine` (a sum or a maximum); every thread gets the result.
+// `scratch` holds one T per warp (at most 1024 / 32) and may be reused once every thread has the result.
+template <typename T, typename Combine>
+__device__ __forceinline__ T block_reduce(T value, T* scratch, Combine combine) {
+#pragma unroll
+  for (int mask = kWarpSize / 2; mask > 0; mask /= 2) value = combine(value, shuffle_xor(value, mask, kWarpSize));
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int warps = static_cast<int>(blockDim.x + kWarpSize - 1) / kWarpSize;
+  if (threadIdx.x % kWarpSize == 0) scratch[warp] = value;
+  __syncthreads();
+  T total = scratch[0];
+  for (int w = 1; w < warps; ++w) total = combine(total, scratch[w]);
+  __syncthreads();
+  return total;
+}
+
+template <typename T>
+__device__ __forceinline__ T block_sum(T value, T* scratch) {
+  return block_reduce(value, scratch, [](T a, T b) { return a + b; });
+}
+
+__device__ __forceinline__ float block_max(float value, float* scratch) {
+  return block_reduce(value, scratch, [](float a, float b) { return fmaxf(a, b); });
+}
+
+// c + the dot product of the four signed bytes of a and b.
+__device__ __forceinline__ int dot4_i8(int a, int b, int c) {
+#if !defined(ROCMFORGE_GPU_HIP)
+  return __dp4a(a, b, c);
+#elif defined(__gfx90a__) || defined(__gfx942__) || defined(__gfx1030__)
+  return __builtin_amdgcn_sdot4(a, b, c, false);
+#elif defined(__gfx1100__)
+  return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+#else
+  const auto byte = [](int x, int i) { return static_cast<int>(static_cast<int8_t>(x >> (8 * i))); };
+  return c + byte(a, 0) * byte(b, 0) + byte(a, 1) * byte(b, 1) + byte(a, 2) * byte(b, 2) + byte(a, 3) * byte(b, 3);
+#endif
+}
+
+__device__ __forceinline__ float half_to_float(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+__device__ __forceinline__ uint16_t float_to_half(float value) { return __half_as_ushort(__float2half(value)); }
+__device__ __forceinline__ float bf16_to_float(uint16_t bits) { return __uint_as_float(static_cast<uint32_t>(bits) << 16); }
+
+// Loads of `bytes` of which only the stated alignment is known; the wide ones compile to one instruction.
+__device__ __forceinline__ int4 load_16(const void* p) { return *static_cast<const int4*>(p); }
+__device__ __forceinline__ int4 load_16_from_8(const void* p) {
+  const int2 a = static_cast<const int2*>(p)[0];
+  const int2 b = static_cast<const int2*>(p)[1];
+  return make_int4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ int4 load_16_from_4(const void* p) {
+  const int* q = static_cast<const int*>(p);
+  return make_int4(q[0], q[1], q[2], q[3]);
+}
+__device__ __forceinline__ int load_4_from_2(const void* p) {
+  const uint16_t* q = static_cast<const uint16_t*>(p);
+  return static_cast<int>(q[0] | (static_cast<uint32_t>(q[1]) << 16));
+}
+
+}  // namespace rf::gpu

@@ -1,0 +1,140 @@
+// The kernels of the GPU forward pass as host functions: each launches its kernel on `stream` and returns at
+// once. Pointers are device pointers unless a comment says otherwise. Matrices are row-major; a batch of n
+// activation rows of `cols` values lies row after row. Positions and token ids are read from device memory
+// (`step`: position, then the tokens), so a captured decode step replays unchanged for every new token.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "backend/gpu/runtime.h"
+#include "backend/gpu/weight_layout.h"
+#include "gguf/tensor_type.h"
+
+namespace rf::gpu {
+
+// 8-bit activations for quantized weights: per 32 values a scale d (x ~ d * q) and the sums of q over each
+// half, with which kernels apply a weight block's offset without touching the quants.
+struct ActivationScale {
+  float d;
+  int16_t sum[2];
+};
+static_assert(sizeof(ActivationScale) == 8);
+constexpr int kActivationBlock = 32;
+
+// How activations are quantized for a weight type: in the blocks of the CPU backend (and of llama.cpp's CPU
+// backend, whose logits are the references), so that both backends compute the same function: per 32 values
+// with an f16 scale for the 32-element types (Q8_0), per 256 values with one f32 scale for the K-quants and
+// IQ4_XS (Q8_K). Float weights take f32 activations.
+enum class ActivationBlocks { None, Q8_0, Q8_K };
+ActivationBlocks activation_blocks(TensorType weight_type);
+
+// The forms of a batch of activation rows that products read: f32 always; the 8-bit form (quantized weights,
+// cols a multiple of 32) and the f16 form (tensor-core GEMMs) where made.
+struct ProductInput {
+  const float* f32 = nullptr;
+  const int8_t* q = nullptr;
+  const ActivationScale* scales = nullptr;
+  const uint16_t* f16 = nullptr;
+};
+
+// Where a kernel that produces activation rows writes them: the f32 rows, and the 8-bit form of `blocks`
+// (none for ActivationBlocks::None) that the products reading them next take.
+struct ActivationOutput {
+  float* f32 = nullptr;
+  ActivationBlocks blocks = ActivationBlocks::None;
+  int8_t* q = nullptr;
+  ActivationScale* scales = nullptr;
+};
+
+// Batches up to this size run as matrix-vector products that read each weight once for all rows.
+constexpr int kMaxMatvecBatch = 8;
+
+// Whether the kernels read `type` (the float types, the legacy quants, the K-quants, IQ4_NL, IQ4_XS).
+bool has_kernels(TensorType type);
+// Whether rows of `cols` values of `type` suit the kernels: whole blocks, for float types whole 16-byte loads.
+bool row_fits_kernels(TensorType type, int64_t cols);
+
+// One matrix of a product: `rows` rows of the common width, results to y[b * rows + r] for input row b.
+struct MatvecSegment {
+  WeightView weight;
+  int64_t rows = 0;
+  float* y = nullptr;
+};
+constexpr int kMaxMatvecSegments = 3;
+
+// y (+)= dot(weight row r, x row b) for r < rows, b < batch (1..kMaxMatvecBatch), for 1 to
+// kMaxMatvecSegments matrices of one type and width that read the same input (q, k and v; gate and up) in
+// one launch. Quantized weights read x.q and x.scales, float weights x.f32.
+void matvec(TensorType type, std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch,
+            bool accumulate, gpuStream_t stream);
+
+// Rows first_row .. first_row + n_rows of a weight as f16, row after row (the tile of a GEMM).
+void dequantize_to_f16(TensorType type, const WeightView& weight, int64_t cols, int64_t first_row, int64_t n_rows,
+                       uint16_t* out, gpuStream_t stream);
+
+// out[t] = row step[1 + t] of an embedding table, as f32, for t < n_tokens.
+void embed_tokens(TensorType type, const WeightView& table, int64_t cols, const int32_t* step, int64_t n_tokens,
+                  float* out, gpuStream_t stream);
+
+// Moves the half scale at byte scale_offset of each of `blocks` raw blocks of block_bytes to scales[b] and the
+// rest of the block to payloads + b * (block_bytes - 2): the device layout of split types.
+void split_block_scales(const uint8_t* raw, int64_t blocks, int block_bytes, int scale_offset, uint8_t* payloads,
+                        uint16_t* scales, gpuStream_t stream);
+
+// out = x / sqrt(mean(x^2) + eps) * weight, per row (cols a multiple of 4; out.f32 must not be x).
+void rmsnorm(const float* x, const float* weight, int64_t rows, int64_t cols, float eps, const ActivationOutput& out,
+             gpuStream_t stream);
+
+// The 8-bit form of n rows of cols values (cols a multiple of the blocks), and when `f16` is given, the
+// values that form stands for, as f16: what a GEMM multiplies with quantized weights.
+void quantize_rows(ActivationBlocks blocks, const float* x, int64_t rows, int64_t cols, int8_t* q,
+                   ActivationScale* scales, uint16_t* f16, gpuStream_t stream);
+
+// The f16 form of n values: what a GEMM multiplies with float weights.
+void convert_to_f16(const float* x, int64_t n, uint16_t* out, gpuStream_t stream);
+
+// out = silu(gate) * up for n rows of cols values (out.f32 may be gate).
+void swiglu(const float* gate, const float* up, int64_t rows, int64_t cols, const ActivationOutput& out,
+            gpuStream_t stream);
+
+// (cos, sin) of (step[0] + t) * inverse_frequencies[i] for t < n_tokens, i < pairs, computed in double
+// precision as the CPU does: cos_sin[2 * (t * pairs + i)] and [.. + 1].
+void rope_table(const double* inverse_frequencies, int64_t pairs, const int32_t* step, int64_t n_tokens,
+                float* cos_sin, gpuStream_t stream);
+
+struct AttentionShape {
+  int64_t n_heads;
+  int64_t n_kv_heads;
+  int64_t head_dim;
+  int64_t rope_pairs;  // leading dimension pairs of each head that rotate
+  bool neox;           // pairs (i, i + rope_pairs) instead of (2i, 2i + 1)
+  constexpr int64_t q_dim() const { return n_heads * head_dim; }
+  constexpr int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  constexpr int64_t heads_per_kv_head() const { return n_heads / n_kv_heads; }
+};
+
+// Rotates the queries and keys of n tokens in place and writes keys and values to the f16 cache rows of
+// positions step[0] .. step[0] + n_tokens - 1 (row p of a layer at p * kv_dim).
+void rope_and_store(const AttentionShape& shape, float* q, float* k, const float* v, const float* cos_sin,
+                    int64_t n_tokens, const int32_t* step, uint16_t* key_cache, uint16_t* value_cache,
+                    gpuStream_t stream);
+
+// Causal attention of n tokens at positions step[0].. over the cached keys and values 0 .. step[0] + t:
+// out[t * q_dim + h * head_dim + d]. Keys and values come from the f16 cache of one layer.
+void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
+                      const uint16_t* value_cache, int64_t n_tokens, const int32_t* step, float* out,
+                      gpuStream_t stream);
+
+// One token (decoding) at position step[0], over positions 0 .. step[0]: the positions are split into
+// chunks of kAttentionChunk, each chunk's partial softmax computed by its own thread block (split-K), then
+// combined. `partials` holds attention_partials_floats() floats. The grid covers the whole context, so a
+// captured step serves every position; blocks past the last position return at once.
+constexpr int64_t kAttentionChunk = 64;
+constexpr int64_t kMaxHeadsPerKvHead = 16;
+constexpr int64_t kMaxHeadDim = 256;
+int64_t attention_partials_floats(const AttentionShape& shape, int64_t context);
+void attention_decode(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
+                      const uint16_t* value_cache, int64_t context, const int32_t* step, float* partials, float* out,
+                      gpuStream_t stream);
+
+}  // namespace rf::gpu

@@ -1,0 +1,218 @@
+// Matrix-vector products for decoding (1 to kMaxMatvecBatch activation rows): the weights are read once, in
+// their stored type, and dequantized in registers right before the dot product.
+//
+// A group of `lanes` lanes (4 to 32, a power of two) computes one output row, so that every lane gets
+// several slices however narrow the row: lane l of the group takes slices l, l + lanes, ...; consecutive
+// lanes take consecutive slices, so a group's loads of one step cover consecutive pieces of the row (a few
+// header bytes apart for the quantized types). Each lane issues kUnroll slices' loads before it uses the
+// first, which keeps enough bytes in flight to saturate device memory. Quantized weights meet 8-bit
+// activations in dp4a; float weights meet f32 activations in FMAs.
+//
+// Every lane reads activations for each slice it takes: as many bytes as the weights or more. Read from
+// global memory, that traffic doubles what the caches serve and stalls the lanes on it; so a thread block
+// first copies the activations (up to kMaxStagedBytes, which covers single-row decoding) into shared memory.
+//
+// Bytes per token: every weight byte once (plus its share of header bytes), the activations once per team
+// from cache. Nothing is written but one float per row and batch row.
+#include "backend/gpu/block_decoders.cuh"
+#include "backend/gpu/device.cuh"
+#include "backend/gpu/kernels.h"
+
+namespace rf::gpu {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxStagedBytes = 48 * 1024;
+
+// Slices a lane loads before it uses the first: about 160 bytes of decoded slices in registers, so that the
+// bytes in flight stay high while the registers leave room for enough resident warps.
+template <typename D>
+constexpr int kUnroll = sizeof(typename D::Slice) >= 160 ? 1 : (160 / sizeof(typename D::Slice) > 4 ? 4 : 160 / sizeof(typename D::Slice));
+
+// Dot product of one slice with batch row b of the activations; `block_first` is the row's first element of
+// the slice's block.
+template <typename D, int G, int I>
+__device__ __forceinline__ float slice_dot(const QuantSlice<G, I>& s, int slice, const ProductInput& x, int64_t cols,
+                                           int b, int64_t block_first) {
+  const int8_t* q = x.q + b * cols + block_first;
+  const ActivationScale* scales = x.scales + (b * cols + block_first) / kActivationBlock;
+  float sum = 0.0f;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int start = D::group_start(slice, g);
+    int dot = 0;
+#pragma unroll
+    for (int i = 0; i < I; i += 4) {
+      const int4 a = load_16(q + start + 4 * i);
+      dot = dot4_i8(s.q[g][i], a.x, dot);
+      dot = dot4_i8(s.q[g][i + 1], a.y, dot);
+      dot = dot4_i8(s.q[g][i + 2], a.z, dot);
+      dot = dot4_i8(s.q[g][i + 3], a.w, dot);
+    }
+    // A group of 16 is one half of an activation block, a group of 32 the whole block.
+    const ActivationScale as = scales[start / kActivationBlock];
+    const int level_sum = I == 8 ? as.sum[0] + as.sum[1] : as.sum[(start / 16) % 2];
+    sum += as.d * (s.scale[g] * static_cast<float>(dot) + s.offset[g] * static_cast<float>(level_sum));
+  }
+  return sum;
+}
+
+template <typename D, int N>
+__device__ __forceinline__ float slice_dot(const FloatSlice<N>& s, int, const ProductInput& x, int64_t cols, int b,
+                                           int64_t block_first) {
+  const float* a = x.f32 + b * cols + block_first;
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; i += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(a + i);
+    sum += s.v[i] * v.x + s.v[i + 1] * v.y + s.v[i + 2] * v.z + s.v[i + 3] * v.w;
+  }
+  return sum;
+}
+
+// The segments of one launch; thread blocks first_block[s] .. first_block[s + 1] - 1 compute segment s.
+struct Segments {
+  MatvecSegment segment[kMaxMatvecSegments];
+  unsigned first_block[kMaxMatvecSegments + 1];
+};
+
+template <TensorType T, int kMaxBatch>
+__global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kernel(Segments segments, int64_t cols,
+                                                                                  ProductInput input, int batch,
+                                                                                  int lanes, bool staged,
+                                                                                  bool accumulate) {
+  using D = Decoder<T>;
+  extern __shared__ int4 stage[];
+  ProductInput x{input.f32, input.q, input.scales, nullptr};
+  if (staged) {
+    // The batch's activation rows (8-bit levels and scales, or f32 values) to shared memory, 16 bytes a thread.
+    const bool quantized = x.q != nullptr;
+    const int64_t level_bytes = quantized ? batch * cols : batch * cols * 4;
+    const int64_t scale_bytes = quantized ? batch * cols / kActivationBlock * 8 : 0;
+    const auto* levels = reinterpret_cast<const int4*>(quantized ? static_cast<const void*>(x.q) : x.f32);
+    const auto* scales = reinterpret_cast<const int4*>(x.scales);
+    for (int64_t i = threadIdx.x; i < level_bytes / 16; i += kThreads) stage[i] = levels[i];
+    for (int64_t i = threadIdx.x; i < scale_bytes / 16; i += kThreads) stage[level_bytes / 16 + i] = scales[i];
+    __syncthreads();
+    if (quantized) {
+      x.q = reinterpret_cast<const int8_t*>(stage);
+      x.scales = reinterpret_cast<const ActivationScale*>(stage + level_bytes / 16);
+    } else {
+      x.f32 = reinterpret_cast<const float*>(stage);
+    }
+  }
+  // Selected field by field, without indexing by a run-time value, which would move the parameters to local
+  // memory.
+  const bool second = blockIdx.x >= segments.first_block[1];
+  const bool third = blockIdx.x >= segments.first_block[2];
+  const auto pick = [&](const auto& a, const auto& b, const auto& c) { return third ? c : second ? b : a; };
+  const MatvecSegment segment{
+      {pick(segments.segment[0].weight.blocks, segments.segment[1].weight.blocks, segments.segment[2].weight.blocks),
+       pick(segments.segment[0].weight.scales, segments.segment[1].weight.scales, segments.segment[2].weight.scales)},
+      pick(segments.segment[0].rows, segments.segment[1].rows, segments.segment[2].rows),
+      pick(segments.segment[0].y, segments.segment[1].y, segments.segment[2].y)};
+  const unsigned first_block = pick(0u, segments.first_block[1], segments.first_block[2]);
+  const int64_t row = static_cast<int64_t>(blockIdx.x - first_block) * (kThreads / lanes) + threadIdx.x / lanes;
+  const int lane = static_cast<int>(threadIdx.x) % lanes;
+  const bool valid = row < segment.rows;  // rows past the end still join the shuffles below
+  const WeightView weight = segment.weight;
+  const int64_t blocks_per_row = cols / D::kBlockElements;
+  const int64_t slices = valid ? blocks_per_row * D::kSlices : 0;
+  const int64_t first_weight_block = row * blocks_per_row;
+
+  float acc[kMaxBatch] = {};
+  constexpr int unroll = kUnroll<D>;
+  for (int64_t base = lane; base < slices; base += static_cast<int64_t>(lanes) * unroll) {
+    typename D::Slice loaded[unroll];
+#pragma unroll
+    for (int u = 0; u < unroll; ++u) {
+      const int64_t s = base + u * lanes;
+      if (s < slices)
+        loaded[u] = D::load(weight, first_weight_block + s / D::kSlices, static_cast<int>(s % D::kSlices));
+    }
+#pragma unroll
+    for (int u = 0; u < unroll; ++u) {
+      const int64_t s = base + u * lanes;
+      const int64_t block_first = s / D::kSlices * D::kBlockElements;
+#pragma unroll
+      for (int b = 0; b < kMaxBatch; ++b)
+        if (s < slices && b < batch)
+          acc[b] += slice_dot<D>(loaded[u], static_cast<int>(s % D::kSlices), x, cols, b, block_first);
+    }
+  }
+  for (int mask = lanes / 2; mask > 0; mask /= 2)
+#pragma unroll
+    for (int b = 0; b < kMaxBatch; ++b) acc[b] += shuffle_xor(acc[b], mask, kTeam);
+  if (valid && lane == 0) {
+#pragma unroll
+    for (int b = 0; b < kMaxBatch; ++b) {
+      float* out = segment.y + b * segment.rows + row;
+      if (b < batch) *out = accumulate ? *out + acc[b] : acc[b];
+    }
+  }
+}
+
+// Lanes per row: about four slices per lane, at least 4 and at most a team.
+template <TensorType T>
+int lanes_per_row(int64_t cols) {
+  const int64_t slices = cols / Decoder<T>::kBlockElements * Decoder<T>::kSlices;
+  int lanes = 4;
+  while (lanes < kTeam && lanes * 8 <= slices) lanes *= 2;
+  return lanes;
+}
+
+template <TensorType T, int kMaxBatch>
+void launch(std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch, bool accumulate,
+            gpuStream_t stream) {
+  const int lanes = lanes_per_row<T>(cols);
+  // Staged activations: levels and scales (quantized weights) or f32 values, whole 16-byte pieces.
+  const int64_t stage_bytes = Decoder<T>::kBlockElements >= kActivationBlock && x.q
+                                  ? batch * cols + batch * cols / kActivationBlock * 8
+                                  : batch * cols * 4;
+  const bool staged = stage_bytes <= kMaxStagedBytes && (batch * cols) % 64 == 0;  // whole 16-byte pieces
+  const int64_t rows_per_block = kThreads / lanes;
+  Segments packed{};
+  unsigned blocks = 0;
+  for (size_t i = 0; i < kMaxMatvecSegments; ++i) {
+    packed.first_block[i] = blocks;
+    if (i < segments.size()) {
+      packed.segment[i] = segments[i];
+      blocks += static_cast<unsigned>((segments[i].rows + rows_per_block - 1) / rows_per_block);
+    }
+  }
+  packed.first_block[kMaxMatvecSegments] = blocks;
+  matvec_kernel<T, kMaxBatch><<<blocks, kThreads, staged ? stage_bytes : 0, stream>>>(packed, cols, x, batch, lanes,
+                                                                                    staged, accumulate);
+  check_launch("matvec");
+}
+
+}  // namespace
+
+bool has_kernels(TensorType type) {
+  return row_fits_kernels(type, 0);
+}
+
+bool row_fits_kernels(TensorType type, int64_t cols) {
+  bool fits = false;
+  with_decoder(type, [&]<TensorType T>() { fits = cols % Decoder<T>::kBlockElements == 0; });
+  return fits;
+}
+
+void matvec(TensorType type, std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch,
+            bool accumulate, gpuStream_t stream) {
+  if (segments.empty() || segments.size() > kMaxMatvecSegments)
+    fail_with("matvec: 1 to 3 matrices per launch");
+  with_decoder(type, [&]<TensorType T>() {
+    // Batches are rounded up to 1, 2, 4 or 8 rows of accumulators; the unused ones cost nothing but registers.
+    if (batch == 1)
+      launch<T, 1>(segments, cols, x, batch, accumulate, stream);
+    else if (batch == 2)
+      launch<T, 2>(segments, cols, x, batch, accumulate, stream);
+    else if (batch <= 4)
+      launch<T, 4>(segments, cols, x, batch, accumulate, stream);
+    else
+      launch<T, kMaxMatvecBatch>(segments, cols, x, batch, accumulate, stream);
+  });
+}
+
+}  // namespace rf::gpu

@@ -1,0 +1,190 @@
+#include "backend/gpu/products.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#if !defined(ROCMFORGE_GPU_HIP)
+#include <cublas_v2.h>
+#include <dlfcn.h>
+#endif
+
+#include "util/error.h"
+
+namespace rf::gpu {
+
+DeviceMatrix device_matrix(const model::LazyTensor& weight) {
+  return {weight.type(), weight_view(weight.data(), weight.type(), weight.rows(), weight.cols()), weight.rows(),
+          weight.cols()};
+}
+
+ActivationRows::ActivationRows(int64_t capacity, int64_t cols)
+    : capacity_(capacity),
+      cols_(cols),
+      f32_(static_cast<size_t>(capacity * cols) * sizeof(float), "activations"),
+      f16_(static_cast<size_t>(capacity * cols) * sizeof(uint16_t), "f16 activations") {
+  // Quantized weights have rows of whole blocks: only such rows meet them.
+  const auto allocate = [&](Quantized& form, int64_t block) {
+    if (cols % block != 0) return;
+    form.q = DeviceBuffer(static_cast<size_t>(capacity * cols), "8-bit activations");
+    form.scales = DeviceBuffer(static_cast<size_t>(capacity * cols / kActivationBlock) * sizeof(ActivationScale),
+                               "activation scales");
+  };
+  allocate(q8_0_, kActivationBlock);
+  allocate(q8_k_, 256);
+}
+
+void ActivationRows::changed() {
+  q8_0_.current = q8_k_.current = half_current_ = false;
+}
+
+ActivationOutput ActivationRows::output_for(TensorType consumer) {
+  changed();
+  ActivationOutput out;
+  out.f32 = f32();
+  const ActivationBlocks blocks = activation_blocks(consumer);
+  if (blocks == ActivationBlocks::None || !quantized(blocks).q.data()) return out;
+  Quantized& form = quantized(blocks);
+  form.current = true;
+  out.blocks = blocks;
+  out.q = form.q.as<int8_t>();
+  out.scales = form.scales.as<ActivationScale>();
+  return out;
+}
+
+ProductInput ActivationRows::input_for(const DeviceMatrix& weight, int64_t n, bool gemm, gpuStream_t stream) {
+  if (n > capacity_) fail("{} activation rows do not fit the {} reserved", n, capacity_);
+  const ActivationBlocks blocks = activation_blocks(weight.type);
+  ProductInput input;
+  input.f32 = f32();
+  if (blocks != ActivationBlocks::None) {
+    Quantized& form = quantized(blocks);
+    if (!form.q.data()) fail("rows of {} activations cannot meet {} weights", cols_, tensor_type_name(weight.type));
+    const bool make_half = gemm && !(half_current_ && half_blocks_ == blocks);
+    if (!form.current || make_half)
+      quantize_rows(blocks, f32(), n, cols_, form.q.as<int8_t>(), form.scales.as<ActivationScale>(),
+                    make_half ? f16_.as<uint16_t>() : nullptr, stream);
+    form.current = true;
+    input.q = form.q.as<int8_t>();
+    input.scales = form.scales.as<ActivationScale>();
+  } else if (gemm && !(half_current_ && half_blocks_ == blocks)) {
+    convert_to_f16(f32(), n * cols_, f16_.as<uint16_t>(), stream);
+  }
+  if (gemm) {
+    half_current_ = true;
+    half_blocks_ = blocks;
+    input.f16 = f16_.as<uint16_t>();
+  }
+  return input;
+}
+
+#if defined(ROCMFORGE_GPU_HIP)
+Products::Products(int64_t) {}
+#else
+// cuBLAS is opened when the first prompt GEMM needs it rather than linked: loading it relocates some 200 MB
+// of tables, which every process would pay at start, `rocmforge inspect` and CPU-only runs included.
+struct Products::Blas {
+  void* library = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  // cublasGemmEx is overloaded in C++ (legacy cudaDataType compute types): name the one with cublasComputeType_t.
+  using GemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                    const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                                    cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+  GemmEx gemm_ex = nullptr;
+  cublasHandle_t handle = nullptr;
+
+  Blas() {
+    const std::string name = fmt::format("libcublas.so.{}", CUBLAS_VER_MAJOR);
+    library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!library) fail("cannot load cuBLAS ({}): {}", name, dlerror());
+    const auto create = symbol<decltype(&cublasCreate_v2)>("cublasCreate_v2");
+    destroy = symbol<decltype(destroy)>("cublasDestroy_v2");
+    set_stream = symbol<decltype(set_stream)>("cublasSetStream_v2");
+    gemm_ex = symbol<GemmEx>("cublasGemmEx");
+    if (create(&handle) != CUBLAS_STATUS_SUCCESS) fail("cannot initialize cuBLAS");
+  }
+  ~Blas() {
+    destroy(handle);
+    dlclose(library);
+  }
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  template <typename Function>
+  Function symbol(const char* name) {
+    void* address = dlsym(library, name);
+    if (!address) fail("cuBLAS lacks {}", name);
+    return reinterpret_cast<Function>(address);
+  }
+};
+
+Products::Products(int64_t scratch_elements) : scratch_elements_(scratch_elements) {}
+#endif
+
+Products::~Products() = default;
+
+void Products::multiply(std::span<const Target> targets, ActivationRows& x, int64_t n, bool accumulate,
+                        gpuStream_t stream) {
+  for (const Target& target : targets)
+    if (x.cols() != target.weight.cols)
+      fail("product: activation rows have {} values, the weight rows {}", x.cols(), target.weight.cols);
+#if !defined(ROCMFORGE_GPU_HIP)
+  if (n > kMaxMatvecBatch) {
+    for (const Target& target : targets)
+      gemm(target.weight, x.input_for(target.weight, n, true, stream), n, target.y, accumulate, stream);
+    return;
+  }
+#endif
+  // Runs of consecutive targets of one type share a launch.
+  for (size_t first = 0; first < targets.size();) {
+    const TensorType type = targets[first].weight.type;
+    std::vector<MatvecSegment> segments;
+    size_t next = first;
+    for (; next < targets.size() && targets[next].weight.type == type && segments.size() < kMaxMatvecSegments; ++next)
+      segments.push_back({targets[next].weight.view, targets[next].weight.rows, targets[next].y});
+    const ProductInput input = x.input_for(targets[first].weight, n, false, stream);
+    for (int64_t row = 0; row < n; row += kMaxMatvecBatch) {
+      const auto batch = static_cast<int>(std::min<int64_t>(kMaxMatvecBatch, n - row));
+      ProductInput rows = input;
+      rows.f32 = input.f32 + row * x.cols();
+      rows.q = input.q ? input.q + row * x.cols() : nullptr;
+      rows.scales = input.scales ? input.scales + row * x.cols() / kActivationBlock : nullptr;
+      std::vector<MatvecSegment> shifted = segments;
+      for (MatvecSegment& segment : shifted) segment.y += row * segment.rows;
+      matvec(type, shifted, x.cols(), rows, batch, accumulate, stream);
+    }
+    first = next;
+  }
+}
+
+#if !defined(ROCMFORGE_GPU_HIP)
+void Products::gemm(const DeviceMatrix& weight, const ProductInput& x, int64_t n, float* y, bool accumulate,
+                    gpuStream_t stream) {
+  if (!blas_) blas_ = std::make_unique<Blas>();
+  if (blas_->set_stream(blas_->handle, stream) != CUBLAS_STATUS_SUCCESS) fail("cublasSetStream failed");
+  const bool stored_f16 = weight.type == TensorType::F16;
+  const int64_t tile_rows = stored_f16 ? weight.rows : std::max<int64_t>(1, std::min(weight.rows, scratch_elements_ / weight.cols));
+  if (!stored_f16 && !scratch_.data())
+    scratch_ = DeviceBuffer(static_cast<size_t>(scratch_elements_) * sizeof(uint16_t), "the dequantization scratch");
+  const float alpha = 1.0f;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  for (int64_t first = 0; first < weight.rows; first += tile_rows) {
+    const int64_t rows = std::min(tile_rows, weight.rows - first);
+    const void* tile = weight.view.blocks + first * weight.cols * 2;
+    if (!stored_f16) {
+      dequantize_to_f16(weight.type, weight.view, weight.cols, first, rows, scratch_.as<uint16_t>(), stream);
+      tile = scratch_.data();
+    }
+    // Column-major view: Y^T (rows x n, leading dimension weight.rows) = W_tile (rows x cols) * X^T (cols x n).
+    const cublasStatus_t status = blas_->gemm_ex(
+        blas_->handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
+        static_cast<int>(weight.cols), &alpha, tile, CUDA_R_16F, static_cast<int>(weight.cols), x.f16, CUDA_R_16F,
+        static_cast<int>(weight.cols), &beta, y + first, CUDA_R_32F, static_cast<int>(weight.rows), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT);
+    if (status != CUBLAS_STATUS_SUCCESS) fail("cublasGemmEx failed ({})", static_cast<int>(status));
+  }
+}
+#endif
+
+}  // namespace rf::gpu

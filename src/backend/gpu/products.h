@@ -1,0 +1,93 @@
+// Matrix products of the forward pass: y (+)= x W^T for a batch of n activation rows. Up to kMaxMatvecBatch
+// rows run as one matrix-vector pass over the stored weights (decoding). Larger batches (prompts) run on the
+// tensor cores through cuBLAS: the weight is dequantized to f16, a tile of rows at a time, into a scratch
+// buffer that every matrix reuses, and multiplied with the f16 form of the activations, accumulating in f32.
+// Without a BLAS (the HIP build: Debian's ROCm has no hipBLAS) large batches run as matrix-vector passes of
+// kMaxMatvecBatch rows.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "backend/gpu/kernels.h"
+#include "backend/gpu/runtime.h"
+#include "model/lazy_tensor.h"
+
+namespace rf::gpu {
+
+// A weight matrix in device memory: `rows` rows (outputs) of `cols` values (inputs).
+struct DeviceMatrix {
+  TensorType type;
+  WeightView view;
+  int64_t rows;
+  int64_t cols;
+};
+
+// The matrix of a weight, materializing it (uploading it) on first use.
+DeviceMatrix device_matrix(const model::LazyTensor& weight);
+
+// Up to `capacity` rows of `cols` f32 activations in device memory, and the 8-bit and f16 forms of them that
+// products read, each made at most once per content: the q, k and v projections (or gate and up) read the
+// same rows. Whoever rewrites the rows calls changed().
+class ActivationRows {
+ public:
+  ActivationRows(int64_t capacity, int64_t cols);
+  float* f32() const { return f32_.as<float>(); }
+  int64_t cols() const { return cols_; }
+  // The rows are about to be rewritten: every other form is stale.
+  void changed();
+  // Where a kernel writes new rows that products with `consumer` weights read next: the f32 rows and, made
+  // by the same kernel, the 8-bit form those products take.
+  ActivationOutput output_for(TensorType consumer);
+  // The forms of the first n rows that a product with `weight` reads (as matvec or as GEMM).
+  ProductInput input_for(const DeviceMatrix& weight, int64_t n, bool gemm, gpuStream_t stream);
+
+ private:
+  struct Quantized {
+    DeviceBuffer q;
+    DeviceBuffer scales;
+    bool current = false;
+  };
+  Quantized& quantized(ActivationBlocks blocks) { return blocks == ActivationBlocks::Q8_K ? q8_k_ : q8_0_; }
+
+  int64_t capacity_;
+  int64_t cols_;
+  DeviceBuffer f32_;
+  Quantized q8_0_;
+  Quantized q8_k_;
+  DeviceBuffer f16_;
+  bool half_current_ = false;
+  ActivationBlocks half_blocks_ = ActivationBlocks::None;  // what the f16 form holds: x, or its 8-bit form
+};
+
+class Products {
+ public:
+  // `scratch_elements`: f16 values of the dequantization scratch (the largest layer matrix is enough; bigger
+  // matrices are done in tiles).
+  explicit Products(int64_t scratch_elements);
+  ~Products();
+  Products(const Products&) = delete;
+  Products& operator=(const Products&) = delete;
+
+  // One matrix of a product and where its results go: y[t * rows + r] for input row t.
+  struct Target {
+    DeviceMatrix weight;
+    float* y;
+  };
+  // y (+)= dot(weight row r, x row t) for t < n, for each target; targets that read the same input (q, k and
+  // v) run as one launch where they share a type.
+  void multiply(std::span<const Target> targets, ActivationRows& x, int64_t n, bool accumulate, gpuStream_t stream);
+
+ private:
+#if !defined(ROCMFORGE_GPU_HIP)
+  struct Blas;
+  void gemm(const DeviceMatrix& weight, const ProductInput& x, int64_t n, float* y, bool accumulate,
+            gpuStream_t stream);
+
+  int64_t scratch_elements_;
+  DeviceBuffer scratch_;
+  std::unique_ptr<Blas> blas_;  // created with the first GEMM
+#endif
+};
+
+}  // namespace rf::gpu

@@ -1,0 +1,62 @@
+// The 8-bit activation forms (kernels.h: ActivationBlocks) computed inside a thread block of
+// kQuantizeThreads threads, thread t holding element base + t of a chunk of kQuantizeThreads consecutive
+// elements. Kernels that produce activations (RMSNorm, SwiGLU) quantize what they have just computed, so the
+// products that follow find their input ready without another launch.
+#pragma once
+#include <cstdint>
+
+#include "backend/gpu/device.cuh"
+#include "backend/gpu/kernels.h"
+
+namespace rf::gpu {
+
+constexpr int kQuantizeThreads = 256;
+
+// Writes the level of element i (lane l of its team holds value l of a 32-value block) under scale d, the
+// sums of each half of the block, and, when asked, the value the level stands for as f16.
+__device__ __forceinline__ void store_level(int64_t i, int level, float d, int8_t* q, ActivationScale* scales,
+                                            uint16_t* f16) {
+  const int lane = static_cast<int>(threadIdx.x % kTeam);
+  q[i] = static_cast<int8_t>(level);
+  if (f16) f16[i] = float_to_half(d * static_cast<float>(level));
+  const float low = team_sum(lane < 16 ? static_cast<float>(level) : 0.0f);
+  const float high = team_sum(lane < 16 ? 0.0f : static_cast<float>(level));
+  if (lane == 0) scales[i / kActivationBlock] = {d, {static_cast<int16_t>(low), static_cast<int16_t>(high)}};
+}
+
+// Quantizes `value`, element i. Every thread of the block calls this for the same chunk (Q8_K reduces over
+// the whole block); for Q8_0, teams whose 32 elements lie past the end pass active = false and skip.
+// `scratch` holds kQuantizeThreads / 32 floats.
+template <ActivationBlocks kBlocks>
+__device__ __forceinline__ void quantize_element(float value, int64_t i, bool active, int8_t* q,
+                                                 ActivationScale* scales, uint16_t* f16, float* scratch) {
+  if constexpr (kBlocks == ActivationBlocks::Q8_0) {
+    // quant::quantize_q8_0: d = max |x| / 127 stored as f16; levels round half away from zero against the
+    // unrounded d.
+    if (!active) return;
+    const float d = team_max(fabsf(value)) / 127.0f;
+    const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
+    store_level(i, static_cast<int>(roundf(value * inverse)), half_to_float(float_to_half(d)), q, scales, f16);
+  } else if constexpr (kBlocks == ActivationBlocks::Q8_K) {
+    // quant::quantize_q8_k_unchecked: the value of largest magnitude in 256 maps to -127; levels round half
+    // to even and stop at 127.
+    const float largest = block_max(value, scratch);
+    const float smallest = -block_max(-value, scratch);
+    const float extreme = largest >= -smallest ? largest : smallest;
+    const float inverse = extreme != 0.0f ? -127.0f / extreme : 0.0f;
+    const float d = extreme != 0.0f ? 1.0f / inverse : 0.0f;
+    store_level(i, min(127, __float2int_rn(inverse * value)), d, q, scales, f16);
+  }
+}
+
+// Calls fn.template operator()<kBlocks>() with the activation form as a compile-time constant.
+template <typename Fn>
+void with_activation_blocks(ActivationBlocks blocks, Fn&& fn) {
+  switch (blocks) {
+    case ActivationBlocks::None: fn.template operator()<ActivationBlocks::None>(); break;
+    case ActivationBlocks::Q8_0: fn.template operator()<ActivationBlocks::Q8_0>(); break;
+    case ActivationBlocks::Q8_K: fn.template operator()<ActivationBlocks::Q8_K>(); break;
+  }
+}
+
+}  // namespace rf::gpu

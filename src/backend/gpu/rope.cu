@@ -1,0 +1,76 @@
+// Rotary position embedding and the KV cache write. The angles of a batch are computed once per forward pass
+// (in double precision, as the CPU backend does, so that long positions keep their accuracy); every layer
+// then rotates its queries and keys with them and stores keys and values as f16 rows of the cache.
+#include "backend/gpu/device.cuh"
+#include "backend/gpu/kernels.h"
+
+namespace rf::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void rope_table_kernel(const double* inverse_frequencies, int64_t pairs, const int32_t* step,
+                                  int64_t n_tokens, float* cos_sin) {
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (index >= n_tokens * pairs) return;
+  const int64_t t = index / pairs;
+  const double angle = static_cast<double>(step[0] + t) * inverse_frequencies[index % pairs];
+  cos_sin[2 * index] = static_cast<float>(cos(angle));
+  cos_sin[2 * index + 1] = static_cast<float>(sin(angle));
+}
+
+// One thread block per (token, head), one thread per dimension: every thread reads its value and its pair
+// partner's, the block waits, then every thread writes its rotated value (in place) and, for a key head, the
+// key and value rows of the head into the cache as f16.
+__global__ void rope_store_kernel(AttentionShape shape, float* q, float* k, const float* v, const float* cos_sin,
+                                  const int32_t* step, uint16_t* key_cache, uint16_t* value_cache) {
+  const int64_t t = blockIdx.x;
+  const int64_t head = blockIdx.y;
+  const int64_t d = threadIdx.x;
+  const bool is_key = head >= shape.n_heads;
+  const int64_t kv_head = head - shape.n_heads;
+  float* row = is_key ? k + t * shape.kv_dim() + kv_head * shape.head_dim : q + t * shape.q_dim() + head * shape.head_dim;
+  const int64_t pairs = shape.rope_pairs;
+  float value = 0.0f;
+  if (d < shape.head_dim) {
+    value = row[d];
+    if (d < 2 * pairs) {
+      // Normal: pair i is (2i, 2i + 1). NeoX: pair i is (i, i + pairs).
+      const int64_t pair = shape.neox ? d % pairs : d / 2;
+      const bool first = shape.neox ? d < pairs : d % 2 == 0;
+      const int64_t partner = shape.neox ? (first ? d + pairs : d - pairs) : d ^ 1;
+      const float other = row[partner];
+      const float c = cos_sin[2 * (t * pairs + pair)];
+      const float s = cos_sin[2 * (t * pairs + pair) + 1];
+      value = first ? value * c - other * s : other * s + value * c;
+    }
+  }
+  __syncthreads();
+  if (d >= shape.head_dim) return;
+  row[d] = value;
+  if (is_key) {
+    const int64_t cache = (step[0] + t) * shape.kv_dim() + kv_head * shape.head_dim + d;
+    key_cache[cache] = float_to_half(value);
+    value_cache[cache] = float_to_half(v[t * shape.kv_dim() + kv_head * shape.head_dim + d]);
+  }
+}
+
+}  // namespace
+
+void rope_table(const double* inverse_frequencies, int64_t pairs, const int32_t* step, int64_t n_tokens,
+                float* cos_sin, gpuStream_t stream) {
+  const auto blocks = static_cast<unsigned>((n_tokens * pairs + kThreads - 1) / kThreads);
+  rope_table_kernel<<<blocks, kThreads, 0, stream>>>(inverse_frequencies, pairs, step, n_tokens, cos_sin);
+  check_launch("rope_table");
+}
+
+void rope_and_store(const AttentionShape& shape, float* q, float* k, const float* v, const float* cos_sin,
+                    int64_t n_tokens, const int32_t* step, uint16_t* key_cache, uint16_t* value_cache,
+                    gpuStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(shape.n_heads + shape.n_kv_heads));
+  const auto threads = static_cast<unsigned>((shape.head_dim + 31) / 32 * 32);
+  rope_store_kernel<<<grid, threads, 0, stream>>>(shape, q, k, v, cos_sin, step, key_cache, value_cache);
+  check_launch("rope_and_store");
+}
+
+}  // namespace rf::gpu

@@ -1,0 +1,271 @@
+#include "backend/gpu/transformer.h"
+
+#include <algorithm>
+#include <initializer_list>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/gpu/kernels.h"
+#include "backend/gpu/products.h"
+#include "backend/gpu/residency.h"
+#include "backend/gpu/runtime.h"
+#include "util/error.h"
+
+namespace rf::gpu {
+namespace {
+
+size_t bytes_of_floats(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
+
+AttentionShape attention_shape(const model::ModelConfig& c) {
+  return {c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dims / 2, c.rope_style == model::RopeStyle::NeoX};
+}
+
+// Rejects what the kernels cannot run, naming it.
+void check_supported(const model::ExecutionPlan& plan, const AttentionShape& shape) {
+  if (plan.config().n_embd % 4 != 0) fail("the GPU backend needs a width that is a multiple of 4");
+  if (shape.head_dim % 2 != 0 || shape.head_dim > kMaxHeadDim)
+    fail("the GPU backend needs an even head dimension of at most {}, the model has {}", kMaxHeadDim, shape.head_dim);
+  if (shape.heads_per_kv_head() > kMaxHeadsPerKvHead)
+    fail("the GPU backend shares a kv head among at most {} query heads, the model among {}", kMaxHeadsPerKvHead,
+         shape.heads_per_kv_head());
+  std::vector<const model::LazyTensor*> matrices{&plan.token_embd(), &plan.output()};
+  for (const model::LayerPlan& layer : plan.layers())
+    for (const model::LazyTensor* tensor : layer.tensors())
+      if (tensor->info().n_dims == 2) matrices.push_back(tensor);
+  for (const model::LazyTensor* matrix : matrices) {
+    if (!has_kernels(matrix->type()))
+      fail("tensor '{}' has type {}, which the GPU backend does not compute with", matrix->name(),
+           tensor_type_name(matrix->type()));
+    // Float rows are read 16 bytes at a time (4 f32 or 8 f16 values), quantized rows block by block.
+    if (!row_fits_kernels(matrix->type(), matrix->cols()))
+      fail("tensor '{}': the GPU kernels read rows of {} in 16-byte pieces, and its {} values do not divide so",
+           matrix->name(), tensor_type_name(matrix->type()), matrix->cols());
+  }
+}
+
+// Elements of the largest matrix of a layer: the dequantization scratch of prompt GEMMs holds one.
+int64_t largest_layer_matrix(const model::ExecutionPlan& plan) {
+  int64_t largest = 0;
+  for (const model::LayerPlan& layer : plan.layers())
+    for (const model::LazyTensor* tensor : layer.tensors()) largest = std::max(largest, tensor->rows() * tensor->cols());
+  return largest;
+}
+
+}  // namespace
+
+std::shared_ptr<model::Residency> make_residency() { return std::make_shared<DeviceResidency>(); }
+
+struct Transformer::State {
+  State(const model::ExecutionPlan& plan, const TransformerOptions& options);
+
+  // Runs at most max_batch tokens. Logits::All: the logits of every token go to all_logits from row
+  // first_row on; Logits::Last: those of the last token of the last batch go to logits_host.
+  void forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which, int64_t first_row,
+                     bool last_batch);
+  // Enqueues the pass over the n tokens of step_host on the stream: the logits of the wanted rows go to
+  // `logits` (device; none when null), and with Logits::Last on to logits_host.
+  void enqueue(int64_t n, Logits which, float* logits);
+  uint16_t* key_cache(int64_t layer) const { return keys.as<uint16_t>() + layer * context * shape.kv_dim(); }
+  uint16_t* value_cache(int64_t layer) const { return values.as<uint16_t>() + layer * context * shape.kv_dim(); }
+
+  const model::ExecutionPlan& plan;
+  const model::ModelConfig& config;
+  const AttentionShape shape;
+  const int64_t context;
+  const int64_t max_batch;
+  const bool graphs;
+  int64_t cached = 0;
+
+  Stream stream;
+  Products products;
+  DeviceBuffer inverse_frequencies;
+  DeviceBuffer keys;    // [layer][position][kv_dim] f16
+  DeviceBuffer values;  // [layer][position][kv_dim] f16
+
+  // Activations of a batch, one row per token (the GPU twin of cpu::Transformer's).
+  DeviceBuffer x;                // residual stream [n, n_embd]
+  ActivationRows normalized;     // a block's normalized input [n, n_embd]
+  DeviceBuffer q;                // [n, q_dim]
+  DeviceBuffer k;                // [n, kv_dim]
+  DeviceBuffer v;                // [n, kv_dim]
+  ActivationRows attention_out;  // [n, q_dim]
+  ActivationRows hidden;         // feed-forward gate, then silu(gate) * up [n, n_ff]
+  DeviceBuffer up;               // feed-forward up [n, n_ff]
+  DeviceBuffer rope;             // (cos, sin) per token and dimension pair
+  DeviceBuffer partials;         // split-K attention partial results
+  DeviceBuffer logits_last;      // [vocab]
+  DeviceBuffer logits_all;       // [rows, vocab], grown on demand
+  DeviceBuffer step_device;      // position, then the tokens of the batch
+  PinnedBuffer step_host;
+  PinnedBuffer logits_host;      // [vocab]: the last row's logits
+  std::vector<float> all_logits;
+  Graph decode_step;
+};
+
+Transformer::State::State(const model::ExecutionPlan& plan_, const TransformerOptions& options)
+    : plan(plan_),
+      config(plan_.config()),
+      shape(attention_shape(config)),
+      context(options.context > 0 ? options.context : std::min(config.context_length, kDefaultContext)),
+      max_batch(options.max_batch),
+      graphs(options.graphs),
+      products(largest_layer_matrix(plan_)),
+      keys(static_cast<size_t>(config.n_layers * context * shape.kv_dim()) * sizeof(uint16_t), "the key cache"),
+      values(static_cast<size_t>(config.n_layers * context * shape.kv_dim()) * sizeof(uint16_t), "the value cache"),
+      x(bytes_of_floats(max_batch * config.n_embd), "activations"),
+      normalized(max_batch, config.n_embd),
+      q(bytes_of_floats(max_batch * config.q_dim()), "activations"),
+      k(bytes_of_floats(max_batch * config.kv_dim()), "activations"),
+      v(bytes_of_floats(max_batch * config.kv_dim()), "activations"),
+      attention_out(max_batch, config.q_dim()),
+      hidden(max_batch, config.n_ff),
+      up(bytes_of_floats(max_batch * config.n_ff), "activations"),
+      rope(bytes_of_floats(max_batch * 2 * shape.rope_pairs), "rotary angles"),
+      partials(bytes_of_floats(attention_partials_floats(shape, context)), "attention partials"),
+      logits_last(bytes_of_floats(config.vocab_size), "logits"),
+      step_device(static_cast<size_t>(1 + max_batch) * sizeof(int32_t), "the batch's tokens"),
+      step_host(static_cast<size_t>(1 + max_batch) * sizeof(int32_t), "the batch's tokens"),
+      logits_host(bytes_of_floats(config.vocab_size), "logits") {
+  const float* freq_factors = plan.rope_freqs()
+                                  ? reinterpret_cast<const float*>(plan.file().tensor_data(plan.rope_freqs().info()).data())
+                                  : nullptr;
+  const std::vector<double> inverse = cpu::rope_inverse_frequencies(config, freq_factors);
+  inverse_frequencies = DeviceBuffer(inverse.size() * sizeof(double), "rotary frequencies");
+  check(gpuMemcpy(inverse_frequencies.data(), inverse.data(), inverse_frequencies.bytes(), gpuMemcpyHostToDevice),
+        "uploading rotary frequencies");
+}
+
+void Transformer::State::forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which,
+                                       int64_t first_row, bool last_batch) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  auto* step = step_host.as<int32_t>();
+  step[0] = static_cast<int32_t>(position);
+  std::copy(tokens.begin(), tokens.end(), step + 1);
+  const int64_t vocab = config.vocab_size;
+
+  if (which == Logits::Last) {
+    if (n == 1 && last_batch && graphs) {
+      if (!decode_step.ready()) {
+        // A capture records launches, not uploads: every weight must be on the device before.
+        plan.preload_all();
+        decode_step.capture(stream.get(), [&] { enqueue(1, Logits::Last, logits_last.as<float>()); });
+      }
+      decode_step.launch(stream.get());
+    } else {
+      enqueue(n, Logits::Last, last_batch ? logits_last.as<float>() : nullptr);
+    }
+    stream.synchronize();
+    return;
+  }
+
+  if (logits_all.bytes() < bytes_of_floats(n * vocab)) logits_all = DeviceBuffer(bytes_of_floats(n * vocab), "logits");
+  enqueue(n, Logits::All, logits_all.as<float>());
+  check(gpuMemcpyAsync(&all_logits[static_cast<size_t>(first_row * vocab)], logits_all.data(),
+                       bytes_of_floats(n * vocab), gpuMemcpyDeviceToHost, stream.get()),
+        "copying logits");
+  stream.synchronize();
+}
+
+void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
+  const model::ModelConfig& c = config;
+  const gpuStream_t s = stream.get();
+  auto* const step = step_device.as<int32_t>();
+  check(gpuMemcpyAsync(step, step_host.data(), static_cast<size_t>(1 + n) * sizeof(int32_t), gpuMemcpyHostToDevice, s),
+        "copying the batch's tokens");
+  const auto f32 = [](const model::LazyTensor& tensor) { return static_cast<const float*>(tensor.data()); };
+  const auto multiply = [&](std::initializer_list<Products::Target> targets, ActivationRows& input, int64_t rows,
+                            bool accumulate) {
+    products.multiply({targets.begin(), targets.size()}, input, rows, accumulate, s);
+  };
+  // The norm also writes the 8-bit form that `consumer`'s product reads.
+  const auto normalize = [&](const float* in, const model::LazyTensor& weight, int64_t rows,
+                             const model::LazyTensor& consumer) {
+    rmsnorm(in, f32(weight), rows, c.n_embd, c.rms_eps, normalized.output_for(consumer.type()), s);
+  };
+
+  // Each token's embedding row, and the rotation angles of its position.
+  const DeviceMatrix embeddings = device_matrix(plan.token_embd());
+  embed_tokens(embeddings.type, embeddings.view, c.n_embd, step, n, x.as<float>(), s);
+  rope_table(inverse_frequencies.as<double>(), shape.rope_pairs, step, n, rope.as<float>(), s);
+
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const model::LayerPlan& layer = plan.layer(l);
+
+    // Attention: queries, keys and values of the normalized stream, rotated by position; keys and values
+    // join the cache; the attention output is projected back and added to the residual stream.
+    normalize(x.as<float>(), layer.attn_norm, n, layer.attn_q);
+    multiply({{device_matrix(layer.attn_q), q.as<float>()},
+              {device_matrix(layer.attn_k), k.as<float>()},
+              {device_matrix(layer.attn_v), v.as<float>()}},
+             normalized, n, false);
+    rope_and_store(shape, q.as<float>(), k.as<float>(), v.as<float>(), rope.as<float>(), n, step, key_cache(l),
+                   value_cache(l), s);
+    if (n == 1)
+      attention_decode(shape, q.as<float>(), key_cache(l), value_cache(l), context, step, partials.as<float>(),
+                       attention_out.f32(), s);
+    else
+      attention_prompt(shape, q.as<float>(), key_cache(l), value_cache(l), n, step, attention_out.f32(), s);
+    attention_out.changed();
+    multiply({{device_matrix(layer.attn_output), x.as<float>()}}, attention_out, n, true);
+
+    // Feed-forward: down(silu(gate(x)) * up(x)) of the normalized stream, added to the residual stream.
+    normalize(x.as<float>(), layer.ffn_norm, n, layer.ffn_gate);
+    multiply({{device_matrix(layer.ffn_gate), hidden.f32()}, {device_matrix(layer.ffn_up), up.as<float>()}}, normalized,
+             n, false);
+    swiglu(hidden.f32(), up.as<float>(), n, c.n_ff, hidden.output_for(layer.ffn_down.type()), s);
+    multiply({{device_matrix(layer.ffn_down), x.as<float>()}}, hidden, n, true);
+  }
+  if (!logits) return;
+
+  // The final norm and the projection to the vocabulary, for the rows whose logits are wanted.
+  const int64_t first = which == Logits::All ? 0 : n - 1;
+  normalize(x.as<float>() + first * c.n_embd, plan.output_norm(), n - first, plan.output());
+  multiply({{device_matrix(plan.output()), logits}}, normalized, n - first, false);
+  if (which == Logits::Last)
+    check(gpuMemcpyAsync(logits_host.data(), logits, bytes_of_floats(c.vocab_size), gpuMemcpyDeviceToHost, s),
+          "copying logits");
+}
+
+Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options) {
+  if (options.max_batch <= 0) fail("max_batch must be positive, got {}", options.max_batch);
+  check_supported(plan, attention_shape(plan.config()));
+  state_ = std::make_unique<State>(plan, options);
+}
+
+Transformer::~Transformer() = default;
+
+int64_t Transformer::cached() const { return state_->cached; }
+int64_t Transformer::context() const { return state_->context; }
+const model::ModelConfig& Transformer::config() const { return state_->config; }
+
+void Transformer::truncate(int64_t positions) {
+  if (positions < 0 || positions > state_->cached)
+    fail("cannot truncate the KV cache to {} positions: it holds {}", positions, state_->cached);
+  state_->cached = positions;
+}
+
+std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int64_t position, Logits which) {
+  State& s = *state_;
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n == 0) fail("forward: no tokens to evaluate");
+  if (position < 0 || position > s.cached)
+    fail("forward: position {} is not within the {} cached positions", position, s.cached);
+  if (position + n > s.context)
+    fail("{} tokens at position {} do not fit in the context of {} positions", n, position, s.context);
+  for (const int32_t token : tokens)
+    if (token < 0 || token >= s.config.vocab_size)
+      fail("token id {} is out of range: the vocabulary has {} tokens", token, s.config.vocab_size);
+
+  s.cached = position;
+  if (which == Logits::All) s.all_logits.resize(static_cast<size_t>(n * s.config.vocab_size));
+  for (int64_t start = 0; start < n; start += s.max_batch) {
+    const int64_t count = std::min(s.max_batch, n - start);
+    s.forward_batch(tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(count)), position + start, which,
+                    start, start + count == n);
+    s.cached = position + start + count;
+  }
+  if (which == Logits::All) return s.all_logits;
+  return {s.logits_host.as<float>(), static_cast<size_t>(s.config.vocab_size)};
+}
+
+}  // namespace rf::gpu

@@ -1,0 +1,57 @@
+// The llama forward pass on a GPU: the computation of cpu::Transformer (backend/cpu/transformer.h) with the
+// same interface, so that a caller can run either backend. Weights stay in device memory in their stored
+// types (gpu::DeviceResidency); activations are f32, the KV cache f16, all in device memory. A decoding step
+// (one token) is captured once as a graph (CUDA graph / hipGraph) and replayed for every later token: the
+// token and its position travel to the device as data, so the recorded launches never change.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "model/execution_plan.h"
+
+namespace rf::gpu {
+
+// The KV cache holds the model's context length, capped here unless the caller asks for more.
+constexpr int64_t kDefaultContext = 8192;
+
+struct TransformerOptions {
+  int64_t context = 0;      // positions the KV cache holds; 0: min(model context, kDefaultContext)
+  int64_t max_batch = 512;  // tokens per pass; a longer batch runs as several passes
+  bool graphs = true;       // replay decoding steps from a captured graph
+};
+
+// Which logits forward() returns.
+enum class Logits {
+  Last,  // of the last token only (generation)
+  All,   // of every token, row by row (evaluation, perplexity)
+};
+
+// The residency a plan must be built with to run here (gpu::DeviceResidency).
+std::shared_ptr<model::Residency> make_residency();
+
+class Transformer {
+ public:
+  // Allocates the KV cache and the activations on the device; the plan's weights upload as they are first
+  // used. A model the kernels cannot run (a head dimension above 256, rows of float weights that are not a
+  // multiple of 8 values, ...) is an rf::Error naming what is wrong.
+  explicit Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options = {});
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  // As cpu::Transformer::forward: evaluates `tokens` at positions position, position + 1, ... (position <=
+  // cached()) and returns the logits of the last token or of all tokens, valid until the next call.
+  std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, Logits which = Logits::Last);
+
+  int64_t cached() const;
+  void truncate(int64_t positions);
+  int64_t context() const;
+  const model::ModelConfig& config() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace rf::gpu

@@ -1,0 +1,374 @@
+// The GPU kernels one by one against CPU references on random data: products and dequantization for every
+// weight type (the reference dequantizes with rf::quant and sums in double), and the norm, rotary, SwiGLU and
+// attention kernels against the CPU backend's ops. Every test skips when no GPU is present.
+#include <gtest/gtest.h>
+
+#if ROCMFORGE_HAVE_GPU
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cpu/vec_dot.h"
+#include "backend/gpu/kernels.h"
+#include "backend/gpu/residency.h"
+#include "backend/gpu/runtime.h"
+#include "quant/blocks.h"
+#include "quant/quant.h"
+#include "util/half.h"
+
+namespace rf::gpu {
+namespace {
+
+class GpuKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!device_available()) GTEST_SKIP() << "no GPU";
+    stream_ = std::make_unique<Stream>();
+  }
+  gpuStream_t stream() const { return stream_->get(); }
+  void synchronize() const { stream_->synchronize(); }
+
+ private:
+  std::unique_ptr<Stream> stream_;
+};
+
+std::vector<float> random_values(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(n);
+  for (float& v : values) v = normal(rng);
+  return values;
+}
+
+template <typename T>
+DeviceBuffer to_device(const std::vector<T>& host) {
+  DeviceBuffer buffer(host.size() * sizeof(T), "test data");
+  check(gpuMemcpy(buffer.data(), host.data(), buffer.bytes(), gpuMemcpyHostToDevice), "test upload");
+  return buffer;
+}
+
+template <typename T>
+std::vector<T> to_host(const DeviceBuffer& buffer, size_t n) {
+  std::vector<T> host(n);
+  check(gpuMemcpy(host.data(), buffer.data(), n * sizeof(T), gpuMemcpyDeviceToHost), "test download");
+  return host;
+}
+
+// ‖a - b‖ / ‖b‖ in double.
+double relative_error(const std::vector<float>& a, const std::vector<double>& b) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// The activations a product with `weight_type` sees: for quantized weights the CPU backend's 8-bit form of
+// x (cpu::quantize_activation), decoded; the GPU quantizes in the same blocks, so products agree with this up
+// to summation order.
+std::vector<float> activations_seen(TensorType weight_type, const std::vector<float>& x, int64_t cols) {
+  if (activation_blocks(weight_type) == ActivationBlocks::None) return x;
+  std::vector<float> seen(x.size());
+  std::vector<uint8_t> row(cpu::activation_bytes(weight_type, cols));
+  for (size_t first = 0; first < x.size(); first += static_cast<size_t>(cols)) {
+    cpu::quantize_activation(weight_type, &x[first], row.data(), cols);
+    if (cpu::activation_type(weight_type) == TensorType::Q8_K) {
+      const auto* blocks = reinterpret_cast<const quant::BlockQ8_K*>(row.data());
+      for (int64_t i = 0; i < cols; ++i) seen[first + i] = blocks[i / 256].d * blocks[i / 256].qs[i % 256];
+    } else {
+      quant::dequantize(TensorType::Q8_0, row.data(), &seen[first], cols);
+    }
+  }
+  return seen;
+}
+
+// A random matrix stored as `type`, on the host (file layout) and on the device (device layout).
+struct TestMatrix {
+  TensorType type;
+  int64_t rows;
+  int64_t cols;
+  std::vector<uint8_t> stored;
+  std::vector<float> values;  // the stored matrix, dequantized on the CPU
+  DeviceBuffer device;
+  WeightView view() const { return weight_view(device.data(), type, rows, cols); }
+};
+
+TestMatrix make_matrix(TensorType type, int64_t rows, int64_t cols, gpuStream_t stream) {
+  TestMatrix m{type, rows, cols, {}, {}, {}};
+  const std::vector<float> source = random_values(static_cast<size_t>(rows * cols), 7 + static_cast<uint32_t>(type));
+  m.stored.resize(row_bytes(type, static_cast<uint64_t>(cols)) * static_cast<size_t>(rows));
+  quant::quantize(type, source.data(), m.stored.data(), rows, cols);
+  m.values.resize(source.size());
+  quant::dequantize(type, m.stored.data(), m.values.data(), rows * cols);
+  m.device = upload_weight(type, static_cast<uint64_t>(rows * cols), m.stored, stream);
+  return m;
+}
+
+class GpuWeightTypes : public GpuKernels, public ::testing::WithParamInterface<TensorType> {};
+
+TEST_P(GpuWeightTypes, MatvecMatchesDequantizedProduct) {
+  const TensorType type = GetParam();
+  // 37 rows: not a multiple of the rows per thread block; 1024 columns: several slices per lane.
+  const TestMatrix m = make_matrix(type, 37, 1024, stream());
+  const ActivationBlocks blocks = activation_blocks(type);
+  for (int batch = 1; batch <= kMaxMatvecBatch; ++batch) {
+    const std::vector<float> x = random_values(static_cast<size_t>(batch * m.cols), 100 + batch);
+    const std::vector<float> x_seen = activations_seen(type, x, m.cols);
+    std::vector<double> expected(static_cast<size_t>(batch * m.rows));
+    for (int b = 0; b < batch; ++b)
+      for (int64_t r = 0; r < m.rows; ++r) {
+        double sum = 0.0;
+        for (int64_t c = 0; c < m.cols; ++c)
+          sum += static_cast<double>(m.values[r * m.cols + c]) * x_seen[b * m.cols + c];
+        expected[b * m.rows + r] = sum;
+      }
+
+    const DeviceBuffer x_device = to_device(x);
+    DeviceBuffer q(x.size(), "q");
+    DeviceBuffer scales(x.size() / kActivationBlock * sizeof(ActivationScale), "scales");
+    ProductInput input;
+    input.f32 = x_device.as<float>();
+    if (blocks != ActivationBlocks::None) {
+      quantize_rows(blocks, input.f32, batch, m.cols, q.as<int8_t>(), scales.as<ActivationScale>(), nullptr,
+                    stream());
+      input.q = q.as<int8_t>();
+      input.scales = scales.as<ActivationScale>();
+    }
+    // Accumulating onto a known start checks that every output is written once, and only once.
+    const std::vector<float> start(expected.size(), 1.0f);
+    const DeviceBuffer y = to_device(start);
+    const MatvecSegment segment{m.view(), m.rows, y.as<float>()};
+    matvec(type, {&segment, 1}, m.cols, input, batch, true, stream());
+    synchronize();
+    std::vector<float> got = to_host<float>(y, expected.size());
+    for (float& value : got) value -= 1.0f;
+    EXPECT_LT(relative_error(got, expected), 1e-5) << tensor_type_name(type) << " batch " << batch;
+  }
+}
+
+TEST_P(GpuWeightTypes, DequantizeAndEmbedMatchCpu) {
+  const TensorType type = GetParam();
+  const TestMatrix m = make_matrix(type, 11, 512, stream());
+  DeviceBuffer half_rows(static_cast<size_t>(4 * m.cols) * sizeof(uint16_t), "f16 rows");
+  dequantize_to_f16(type, m.view(), m.cols, 3, 4, half_rows.as<uint16_t>(), stream());
+  const std::vector<int32_t> step{0, 5, 0, 10};  // position, then three token ids
+  const DeviceBuffer step_device = to_device(step);
+  DeviceBuffer embedded(static_cast<size_t>(3 * m.cols) * sizeof(float), "embeddings");
+  embed_tokens(type, m.view(), m.cols, step_device.as<int32_t>(), 3, embedded.as<float>(), stream());
+  synchronize();
+
+  const std::vector<uint16_t> halves = to_host<uint16_t>(half_rows, static_cast<size_t>(4 * m.cols));
+  for (int64_t i = 0; i < 4 * m.cols; ++i) {
+    const float expected = m.values[3 * m.cols + i];
+    ASSERT_NEAR(fp16_to_fp32(halves[i]), expected, 1e-3 * std::fabs(expected) + 1e-6)
+        << tensor_type_name(type) << " element " << i;
+  }
+  const std::vector<float> rows = to_host<float>(embedded, static_cast<size_t>(3 * m.cols));
+  for (int t = 0; t < 3; ++t)
+    for (int64_t c = 0; c < m.cols; ++c) {
+      const float expected = m.values[step[1 + t] * m.cols + c];
+      ASSERT_NEAR(rows[t * m.cols + c], expected, 1e-6 * std::fabs(expected) + 1e-7)
+          << tensor_type_name(type) << " token " << t << " column " << c;
+    }
+}
+
+std::vector<TensorType> kernel_types() {
+  std::vector<TensorType> types;
+  for (const TensorType type : quant::supported_types())
+    if (has_kernels(type)) types.push_back(type);
+  return types;
+}
+
+std::string type_name(const ::testing::TestParamInfo<TensorType>& param) {
+  return std::string(tensor_type_name(param.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, GpuWeightTypes, ::testing::ValuesIn(kernel_types()), type_name);
+
+TEST(GpuKernelCoverage, EverySupportedTypeHasKernels) {
+  for (const TensorType type : quant::supported_types()) EXPECT_TRUE(has_kernels(type)) << tensor_type_name(type);
+}
+
+TEST_F(GpuKernels, RmsnormMatchesCpu) {
+  const int64_t rows = 3, cols = 4096;
+  const std::vector<float> x = random_values(static_cast<size_t>(rows * cols), 1);
+  const std::vector<float> weight = random_values(static_cast<size_t>(cols), 2);
+  const DeviceBuffer x_device = to_device(x);
+  const DeviceBuffer w_device = to_device(weight);
+  DeviceBuffer out(x.size() * sizeof(float), "out");
+  ActivationOutput output;
+  output.f32 = out.as<float>();
+  rmsnorm(x_device.as<float>(), w_device.as<float>(), rows, cols, 1e-5f, output, stream());
+  synchronize();
+  const std::vector<float> got = to_host<float>(out, x.size());
+  std::vector<float> expected(x.size());
+  for (int64_t r = 0; r < rows; ++r) cpu::rmsnorm(&expected[r * cols], &x[r * cols], weight.data(), cols, 1e-5f);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], expected[i], 1e-4f * std::fabs(expected[i]) + 1e-6f) << i;
+}
+
+TEST_F(GpuKernels, SwigluMatchesCpu) {
+  std::vector<float> gate = random_values(1024, 3);
+  const std::vector<float> up = random_values(1024, 4);
+  DeviceBuffer gate_device = to_device(gate);
+  const DeviceBuffer up_device = to_device(up);
+  ActivationOutput output;
+  output.f32 = gate_device.as<float>();
+  swiglu(gate_device.as<float>(), up_device.as<float>(), 4, 256, output, stream());
+  synchronize();
+  const std::vector<float> got = to_host<float>(gate_device, gate.size());
+  cpu::swiglu(gate.data(), up.data(), static_cast<int64_t>(gate.size()));
+  for (size_t i = 0; i < gate.size(); ++i) ASSERT_NEAR(got[i], gate[i], 1e-5f * std::fabs(gate[i]) + 1e-6f) << i;
+}
+
+// The 8-bit forms are the CPU backend's, level for level: Q8_0 for a 32-element weight type, Q8_K for a
+// K-quant. Values span several magnitudes so that every block has its own scale.
+TEST_F(GpuKernels, QuantizedActivationsMatchCpu) {
+  const int64_t rows = 3, cols = 1024;
+  std::vector<float> x = random_values(static_cast<size_t>(rows * cols), 5);
+  for (size_t i = 0; i < x.size(); ++i) x[i] *= std::ldexp(1.0f, static_cast<int>(i / 256 % 5) - 2);
+  const DeviceBuffer x_device = to_device(x);
+  for (const TensorType weight_type : {TensorType::Q4_0, TensorType::Q4_K}) {
+    DeviceBuffer q(x.size(), "q");
+    DeviceBuffer scales(x.size() / kActivationBlock * sizeof(ActivationScale), "scales");
+    quantize_rows(activation_blocks(weight_type), x_device.as<float>(), rows, cols, q.as<int8_t>(),
+                  scales.as<ActivationScale>(), nullptr, stream());
+    synchronize();
+    const std::vector<int8_t> levels = to_host<int8_t>(q, x.size());
+    const std::vector<ActivationScale> got_scales = to_host<ActivationScale>(scales, x.size() / kActivationBlock);
+    std::vector<uint8_t> expected(cpu::activation_bytes(weight_type, cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::quantize_activation(weight_type, &x[r * cols], expected.data(), cols);
+      for (int64_t i = 0; i < cols; ++i) {
+        const int64_t e = r * cols + i;
+        const ActivationScale& scale = got_scales[e / kActivationBlock];
+        int expected_level;
+        float expected_d;
+        if (weight_type == TensorType::Q4_K) {
+          const auto& block = reinterpret_cast<const quant::BlockQ8_K*>(expected.data())[i / 256];
+          expected_level = block.qs[i % 256];
+          expected_d = block.d;
+        } else {
+          const auto& block = reinterpret_cast<const quant::BlockQ8_0*>(expected.data())[i / 32];
+          expected_level = block.qs[i % 32];
+          expected_d = fp16_to_fp32(block.d);
+        }
+        ASSERT_EQ(levels[e], expected_level) << tensor_type_name(weight_type) << " element " << e;
+        ASSERT_EQ(scale.d, expected_d) << tensor_type_name(weight_type) << " element " << e;
+        int sum = 0;
+        for (int64_t j = e / 16 * 16; j < e / 16 * 16 + 16; ++j) sum += levels[j];
+        ASSERT_EQ(scale.sum[e / 16 % 2], sum) << tensor_type_name(weight_type) << " element " << e;
+      }
+    }
+  }
+}
+
+// A small model configuration for the rotary and attention kernels: 8 query heads sharing 2 kv heads.
+model::ModelConfig attention_config(model::RopeStyle style) {
+  model::ModelConfig c;
+  c.n_heads = 8;
+  c.n_kv_heads = 2;
+  c.head_dim = 64;
+  c.n_embd = c.n_heads * c.head_dim;
+  c.rope_dims = 48;  // fewer than head_dim: the tail passes through
+  c.rope_base = 10000.0f;
+  c.rope_style = style;
+  return c;
+}
+
+AttentionShape shape_of(const model::ModelConfig& c) {
+  return {c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dims / 2, c.rope_style == model::RopeStyle::NeoX};
+}
+
+// Tokens at positions 300.. (past one attention chunk) attend over a cache filled with random rows; the
+// GPU's rotation, cache write and both attention kernels are compared with the CPU's rope and attend.
+void check_attention(model::RopeStyle style, int64_t n_tokens, gpuStream_t stream) {
+  const model::ModelConfig c = attention_config(style);
+  const AttentionShape shape = shape_of(c);
+  const int64_t context = 600, position = 300;
+  const int64_t q_dim = shape.q_dim(), kv_dim = shape.kv_dim();
+
+  const std::vector<float> q = random_values(static_cast<size_t>(n_tokens * q_dim), 11);
+  const std::vector<float> k = random_values(static_cast<size_t>(n_tokens * kv_dim), 12);
+  const std::vector<float> v = random_values(static_cast<size_t>(n_tokens * kv_dim), 13);
+  const std::vector<float> cache_values = random_values(static_cast<size_t>(2 * context * kv_dim), 14);
+  std::vector<uint16_t> key_cache(static_cast<size_t>(context * kv_dim));
+  std::vector<uint16_t> value_cache(key_cache.size());
+  for (size_t i = 0; i < key_cache.size(); ++i) {
+    key_cache[i] = fp32_to_fp16(cache_values[i]);
+    value_cache[i] = fp32_to_fp16(cache_values[key_cache.size() + i]);
+  }
+
+  // CPU: rotate, store as f16, attend.
+  const std::vector<double> inverse = cpu::rope_inverse_frequencies(c, nullptr);
+  std::vector<float> q_cpu = q, k_cpu = k;
+  std::vector<uint16_t> keys_cpu = key_cache, values_cpu = value_cache;
+  std::vector<float> cos_sin(static_cast<size_t>(c.rope_dims));
+  std::vector<float> expected(static_cast<size_t>(n_tokens * q_dim));
+  std::vector<float> scores(static_cast<size_t>(context));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    cpu::rope_angles(cos_sin.data(), position + t, inverse);
+    cpu::rope(&q_cpu[t * q_dim], c.n_heads, c.head_dim, cos_sin.data(), c.rope_dims / 2, style);
+    cpu::rope(&k_cpu[t * kv_dim], c.n_kv_heads, c.head_dim, cos_sin.data(), c.rope_dims / 2, style);
+    for (int64_t i = 0; i < kv_dim; ++i) {
+      keys_cpu[(position + t) * kv_dim + i] = fp32_to_fp16(k_cpu[t * kv_dim + i]);
+      values_cpu[(position + t) * kv_dim + i] = fp32_to_fp16(v[t * kv_dim + i]);
+    }
+  }
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t h = 0; h < c.n_heads; ++h) {
+      const int64_t kv_offset = h / (c.n_heads / c.n_kv_heads) * c.head_dim;
+      const int64_t offset = t * q_dim + h * c.head_dim;
+      cpu::attend(&expected[offset], &q_cpu[offset], keys_cpu.data() + kv_offset, values_cpu.data() + kv_offset,
+                  position + t + 1, kv_dim, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                  scores.data());
+    }
+
+  // GPU.
+  std::vector<int32_t> step(static_cast<size_t>(1 + n_tokens), 0);
+  step[0] = static_cast<int32_t>(position);
+  const DeviceBuffer step_device = to_device(step);
+  const DeviceBuffer inverse_device = to_device(inverse);
+  DeviceBuffer rope_device(static_cast<size_t>(n_tokens * c.rope_dims) * sizeof(float), "angles");
+  DeviceBuffer q_device = to_device(q), k_device = to_device(k);
+  const DeviceBuffer v_device = to_device(v);
+  DeviceBuffer keys_device = to_device(key_cache), values_device = to_device(value_cache);
+  DeviceBuffer out(expected.size() * sizeof(float), "out");
+  DeviceBuffer partials(static_cast<size_t>(attention_partials_floats(shape, context)) * sizeof(float), "partials");
+  rope_table(inverse_device.as<double>(), c.rope_dims / 2, step_device.as<int32_t>(), n_tokens,
+             rope_device.as<float>(), stream);
+  rope_and_store(shape, q_device.as<float>(), k_device.as<float>(), v_device.as<float>(), rope_device.as<float>(),
+                 n_tokens, step_device.as<int32_t>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(), stream);
+  if (n_tokens == 1)
+    attention_decode(shape, q_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(), context,
+                     step_device.as<int32_t>(), partials.as<float>(), out.as<float>(), stream);
+  else
+    attention_prompt(shape, q_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(), n_tokens,
+                     step_device.as<int32_t>(), out.as<float>(), stream);
+  check(gpuStreamSynchronize(stream), "attention test");
+
+  // The rotation may round differently (FMA contraction), so the cached halves agree to within an ulp or so.
+  const auto expect_same_cache = [](const std::vector<uint16_t>& got_cache, const std::vector<uint16_t>& expected_cache) {
+    for (size_t i = 0; i < expected_cache.size(); ++i) {
+      const float e = fp16_to_fp32(expected_cache[i]);
+      ASSERT_NEAR(fp16_to_fp32(got_cache[i]), e, 2e-3f * std::fabs(e) + 1e-6f) << i;
+    }
+  };
+  expect_same_cache(to_host<uint16_t>(keys_device, keys_cpu.size()), keys_cpu);
+  expect_same_cache(to_host<uint16_t>(values_device, values_cpu.size()), values_cpu);
+  const std::vector<float> got = to_host<float>(out, expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) ASSERT_NEAR(got[i], expected[i], 2e-5f) << i;
+}
+
+TEST_F(GpuKernels, DecodeAttentionMatchesCpu) { check_attention(model::RopeStyle::Normal, 1, stream()); }
+TEST_F(GpuKernels, DecodeAttentionNeoxMatchesCpu) { check_attention(model::RopeStyle::NeoX, 1, stream()); }
+TEST_F(GpuKernels, PromptAttentionMatchesCpu) { check_attention(model::RopeStyle::Normal, 5, stream()); }
+TEST_F(GpuKernels, PromptAttentionNeoxMatchesCpu) { check_attention(model::RopeStyle::NeoX, 5, stream()); }
+
+}  // namespace
+}  // namespace rf::gpu
+#endif

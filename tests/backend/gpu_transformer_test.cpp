@@ -1,0 +1,205 @@
+// The GPU forward pass end to end: for every reference pair in ../shared/reference, the GPU's logits over the
+// prompt and the greedy continuation have cosine >= 0.9999 to the CPU backend's (0.9995 with 8-bit
+// activations, see below) and >= 0.999 to llama.cpp's,
+// row by row, both when all tokens run as one batch (prompt path: GEMMs and flash attention) and when the
+// continuation runs token by token (decode path: matrix-vector products, split-K attention, graph replay).
+// On the trained models the GPU's own greedy continuation is the reference's, token for token.
+#include <gtest/gtest.h>
+
+#if ROCMFORGE_HAVE_GPU
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/residency.h"
+#include "backend/cpu/transformer.h"
+#include "backend/gpu/runtime.h"
+#include "backend/gpu/transformer.h"
+#include "test_paths.h"
+
+namespace rf::gpu {
+namespace {
+
+struct Reference {
+  std::string model;
+  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> greedy_tokens;
+  int64_t n_vocab = 0;
+  int64_t rows = 0;
+  std::vector<float> logits;  // rows x n_vocab
+
+  std::span<const float> row(int64_t i) const {
+    return std::span<const float>(logits).subspan(static_cast<size_t>(i * n_vocab), static_cast<size_t>(n_vocab));
+  }
+};
+
+Reference read_reference(const std::string& json_name) {
+  const std::string dir = test::shared_path("reference/");
+  const nlohmann::json json = nlohmann::json::parse(std::ifstream(dir + json_name));
+  Reference ref;
+  ref.model = json.at("model").get<std::string>();
+  ref.prompt_tokens = json.at("prompt_tokens").get<std::vector<int32_t>>();
+  ref.greedy_tokens = json.at("greedy_tokens").get<std::vector<int32_t>>();
+  ref.n_vocab = json.at("n_vocab").get<int64_t>();
+  ref.rows = json.at("logits_rows").get<int64_t>();
+  ref.logits.resize(static_cast<size_t>(ref.rows * ref.n_vocab));
+  std::ifstream in(dir + json.at("logits_file").get<std::string>(), std::ios::binary);
+  in.read(reinterpret_cast<char*>(ref.logits.data()), static_cast<std::streamsize>(ref.logits.size() * sizeof(float)));
+  if (!in) throw std::runtime_error("cannot read the logits of " + json_name);
+  return ref;
+}
+
+double cosine(std::span<const float> a, std::span<const float> b) {
+  double ab = 0.0, aa = 0.0, bb = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ab += static_cast<double>(a[i]) * b[i];
+    aa += static_cast<double>(a[i]) * a[i];
+    bb += static_cast<double>(b[i]) * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
+}
+
+int32_t argmax(std::span<const float> row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+std::vector<std::string> reference_files() {
+  std::vector<std::string> names;
+  const std::filesystem::path dir = test::shared_path("reference");
+  if (!std::filesystem::is_directory(dir)) return names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().extension() == ".json") names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+using Rows = std::vector<std::vector<float>>;
+
+void append_rows(Rows& rows, std::span<const float> logits, int64_t vocab) {
+  for (size_t i = 0; i < logits.size(); i += static_cast<size_t>(vocab))
+    rows.emplace_back(logits.begin() + static_cast<ptrdiff_t>(i), logits.begin() + static_cast<ptrdiff_t>(i + vocab));
+}
+
+// Worst cosine over the rows and where it is.
+struct Agreement {
+  double min_cosine = 1.0;
+  int64_t worst_row = 0;
+};
+
+Agreement compare(const Rows& got, const std::function<std::span<const float>(int64_t)>& expected) {
+  Agreement a;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double c = cosine(got[i], expected(static_cast<int64_t>(i)));
+    if (c < a.min_cosine) a = {c, static_cast<int64_t>(i)};
+  }
+  return a;
+}
+
+class GpuReferenceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuReferenceTest, LogitsMatchCpuAndLlamaCpp) {
+  if (!device_available()) GTEST_SKIP() << "no GPU";
+  const Reference ref = read_reference(GetParam());
+  const std::string path = test::shared_path("models/" + ref.model);
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << ref.model << " is not here";
+  const std::shared_ptr<const gguf::File> file = gguf::File::open(path);
+  const auto n_prompt = static_cast<int64_t>(ref.prompt_tokens.size());
+  const auto n_greedy = static_cast<int64_t>(ref.greedy_tokens.size());
+  ASSERT_EQ(ref.rows, n_prompt + n_greedy);
+  // Every token the reference evaluated: the prompt, then the continuation but its last token.
+  std::vector<int32_t> tokens = ref.prompt_tokens;
+  tokens.insert(tokens.end(), ref.greedy_tokens.begin(), ref.greedy_tokens.end() - 1);
+
+  const model::ExecutionPlan cpu_plan = model::ExecutionPlan::build(file, std::make_shared<cpu::MappedResidency>());
+  cpu::TransformerOptions cpu_options;
+  cpu_options.context = ref.rows;
+  cpu::Transformer cpu_transformer(cpu_plan, cpu_options);
+  Rows cpu_rows;
+  append_rows(cpu_rows, cpu_transformer.forward(tokens, 0, cpu::Logits::All), ref.n_vocab);
+
+  const model::ExecutionPlan plan = model::ExecutionPlan::build(file, make_residency());
+  TransformerOptions options;
+  options.context = ref.rows;
+  Transformer transformer(plan, options);
+  // All tokens in one batch.
+  Rows batch_rows;
+  append_rows(batch_rows, transformer.forward(tokens, 0, Logits::All), ref.n_vocab);
+  // The prompt in one batch, then the continuation token by token (the decode graph).
+  Rows step_rows;
+  append_rows(step_rows, transformer.forward(ref.prompt_tokens, 0, Logits::All), ref.n_vocab);
+  for (int64_t i = n_prompt; i < static_cast<int64_t>(tokens.size()); ++i)
+    append_rows(step_rows, transformer.forward({&tokens[static_cast<size_t>(i)], 1}, i), ref.n_vocab);
+  // The reference repeats the last prompt row as the row that chose the first generated token.
+  for (Rows* rows : {&cpu_rows, &batch_rows, &step_rows}) {
+    ASSERT_EQ(static_cast<int64_t>(rows->size()), ref.rows - 1);
+    rows->insert(rows->begin() + n_prompt, (*rows)[static_cast<size_t>(n_prompt - 1)]);
+  }
+
+  const auto cpu_row = [&](int64_t i) { return std::span<const float>(cpu_rows[static_cast<size_t>(i)]); };
+  const auto ref_row = [&](int64_t i) { return ref.row(i); };
+  const Agreement batch_cpu = compare(batch_rows, cpu_row);
+  const Agreement batch_ref = compare(batch_rows, ref_row);
+  const Agreement step_cpu = compare(step_rows, cpu_row);
+  const Agreement step_ref = compare(step_rows, ref_row);
+  std::cout << "[ gpu reference ] " << ref.model << " (" << ref.rows << " rows): batch vs CPU " << batch_cpu.min_cosine
+            << ", vs llama.cpp " << batch_ref.min_cosine << "; token by token vs CPU " << step_cpu.min_cosine
+            << ", vs llama.cpp " << step_ref.min_cosine << "\n";
+  // Where products quantize activations to 8 bits (any quantized weight), results are chaotic below 1e-4:
+  // a last-bit difference before a quantization step moves a level, and the levels' errors grow through the
+  // layers. The CPU backend against itself with an F32 instead of an F16 KV cache measures that floor:
+  // min cosine 0.99978 on synth-tiny256-Q4_K_M, 0.99986 on Q4_0, 0.99990 on Q8_0 (F16: 1.0). The GPU
+  // cannot agree with the CPU more closely than that without bit-identical arithmetic.
+  bool eight_bit_activations = false;
+  for (const gguf::TensorInfo& tensor : file->tensors())
+    eight_bit_activations |= tensor.type_info->block_elements > 1;
+  const double cpu_bound = eight_bit_activations ? 0.9995 : 0.9999;
+  EXPECT_GE(batch_cpu.min_cosine, cpu_bound) << "worst row " << batch_cpu.worst_row;
+  EXPECT_GE(batch_ref.min_cosine, 0.999) << "worst row " << batch_ref.worst_row;
+  EXPECT_GE(step_cpu.min_cosine, cpu_bound) << "worst row " << step_cpu.worst_row;
+  EXPECT_GE(step_ref.min_cosine, 0.999) << "worst row " << step_ref.worst_row;
+
+  // Trained models have sharp distributions: the GPU's own greedy continuation is the reference's.
+  if (ref.model == "stories260K.gguf" || ref.model == "TinyStories-656K-Q8_0.gguf") {
+    std::vector<int32_t> generated;
+    std::span<const float> logits = transformer.forward(ref.prompt_tokens, 0);
+    for (int64_t i = 0; i < n_greedy; ++i) {
+      generated.push_back(argmax(logits));
+      if (i + 1 < n_greedy) logits = transformer.forward({&generated.back(), 1}, n_prompt + i);
+    }
+    EXPECT_EQ(generated, ref.greedy_tokens);
+  }
+}
+
+std::string test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param.substr(0, info.param.size() - std::string(".json").size());
+  std::replace_if(name.begin(), name.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shared, GpuReferenceTest, ::testing::ValuesIn(reference_files()), test_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GpuReferenceTest);
+
+TEST(GpuTransformer, RejectsWhatTheKernelsCannotRun) {
+  if (!device_available()) GTEST_SKIP() << "no GPU";
+  const std::string path = test::shared_path("models/stories260K.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "stories260K.gguf is not here";
+  const model::ExecutionPlan plan = model::ExecutionPlan::build(gguf::File::open(path), make_residency());
+  Transformer transformer(plan, {.context = 16});
+  const int32_t too_large = static_cast<int32_t>(plan.config().vocab_size);
+  EXPECT_THROW(transformer.forward({&too_large, 1}, 0), Error);
+  const std::vector<int32_t> many(17, 1);
+  EXPECT_THROW(transformer.forward(many, 0), Error);
+  EXPECT_THROW(transformer.forward({&many[0], 1}, 1), Error);  // nothing cached yet
+}
+
+}  // namespace
+}  // namespace rf::gpu
+#endif
