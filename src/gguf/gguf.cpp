@@ -66,6 +66,11 @@ std::string_view error_kind_name(ErrorKind kind) {
 
 bool Value::is_integer() const { return is_integer_type(type_); }
 
+std::string Value::describe() const {
+  if (type_ != ValueType::ARRAY) return std::string(value_type_name(type_));
+  return fmt::format("an array of {}", value_type_name(element_type_));
+}
+
 template <typename T>
 T Value::as() const {
   constexpr ValueType wanted = value_type_of<T>();
@@ -112,12 +117,11 @@ template <typename T>
 std::vector<T> Value::array() const {
   constexpr ValueType wanted = value_type_of<T>();
   if (type_ != ValueType::ARRAY || element_type_ != wanted)
-    fail("value is {}, not an array of {}", type_ == ValueType::ARRAY ? "an array of " + std::string(value_type_name(element_type_)) : std::string(value_type_name(type_)),
-         value_type_name(wanted));
+    fail("value is {}, not an array of {}", describe(), value_type_name(wanted));
   std::vector<T> out(count_);
   if constexpr (std::is_same_v<T, bool>) {
     for (uint64_t i = 0; i < count_; ++i) out[i] = raw_[i] != 0;
-  } else {
+  } else if (count_ > 0) {  // an empty array has no bytes to copy from (memcpy from null is undefined)
     std::memcpy(out.data(), raw_.data(), count_ * sizeof(T));
   }
   return out;
@@ -125,7 +129,7 @@ std::vector<T> Value::array() const {
 
 const std::vector<std::string_view>& Value::strings() const {
   if (type_ != ValueType::ARRAY || element_type_ != ValueType::STRING)
-    fail("value is {}, not an array of strings", type_ == ValueType::ARRAY ? "an array of " + std::string(value_type_name(element_type_)) : std::string(value_type_name(type_)));
+    fail("value is {}, not an array of strings", describe());
   return strings_;
 }
 

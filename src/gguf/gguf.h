@@ -48,6 +48,8 @@ class Value {
   ValueType type() const { return type_; }
   bool is_array() const { return type_ == ValueType::ARRAY; }
   bool is_integer() const;
+  // "UINT32", "an array of STRING": the type as messages name it.
+  std::string describe() const;
 
   // Scalars. as<T>() requires the stored type to be exactly T's GGUF type (uint8_t..double, bool,
   // std::string_view); to_int / to_double accept any integer / numeric type.

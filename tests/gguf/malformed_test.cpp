@@ -284,8 +284,9 @@ TEST_F(Malformed, TensorsOverlap) {
 
 TEST_F(Malformed, TensorsOverlapPartly) {
   // Find a tensor larger than one alignment unit and start another 32 bytes into it.
+  const auto file = parse_bytes(original);
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
-    const auto& info = parse_bytes(original)->tensor(layout.tensors[i].name);
+    const auto& info = file->tensor(layout.tensors[i].name);
     if (info.bytes > 64) {
       const size_t other = i == 0 ? 1 : 0;
       put<uint64_t>(bytes, layout.tensors[other].offset.offset, info.offset + 32);
