@@ -49,17 +49,6 @@ namespace {
 constexpr int64_t kRowBlock = 16;
 constexpr size_t kActivationTileBytes = 256 * 1024;
 
-// The hardware prefetcher alone leaves a core waiting on memory between its bursts of arithmetic (a
-// matrix-vector product then reaches half the bandwidth of a plain read); asking for the bytes a few KB ahead
-// of the row being multiplied keeps the loads in flight.
-constexpr size_t kPrefetchDistance = 4096;
-
-void prefetch_ahead(const uint8_t* row, size_t row_bytes, const uint8_t* end) {
-  const auto remaining = static_cast<size_t>(end - row);
-  for (size_t offset = kPrefetchDistance; offset < std::min(kPrefetchDistance + row_bytes, remaining); offset += 64)
-    __builtin_prefetch(row + offset);
-}
-
 // Rows [first, last) of one product, for every input row.
 void multiply_rows(const Product& product, const QuantizedRows& input, int64_t first, int64_t last) {
   const Matrix& w = product.weight;
@@ -67,14 +56,13 @@ void multiply_rows(const Product& product, const QuantizedRows& input, int64_t f
   const size_t stride = input.row_bytes(w.type);
   const int64_t tokens = input.rows();
   const auto tile = std::max<int64_t>(1, static_cast<int64_t>(kActivationTileBytes / stride));
-  const uint8_t* end = w.data + last * w.row_bytes;
   for (int64_t block = first; block < last; block += kRowBlock) {
     for (int64_t t0 = 0; t0 < tokens; t0 += tile) {
+      const int64_t count = std::min(tokens, t0 + tile) - t0;
       for (int64_t r = block; r < std::min(last, block + kRowBlock); ++r) {
         const uint8_t* row = w.data + r * w.row_bytes;
-        if (t0 == 0) prefetch_ahead(row, w.row_bytes, end);
-        for (int64_t t = t0; t < std::min(tokens, t0 + tile); ++t)
-          product.out[t * w.rows + r] = vec_dot(w.type, row, activations + t * stride, w.cols);
+        vec_dot_rows(w.type, row, activations + t0 * stride, stride, count, w.cols, &product.out[t0 * w.rows + r],
+                     w.rows);
       }
     }
   }

@@ -25,6 +25,7 @@ struct Entry {
   bool supported = false;
   TensorType activation = TensorType::F32;
   VecDotFn kernel = nullptr;  // the fastest this build has
+  VecDotRowsFn rows = nullptr;  // its multi-row form, if it has one
   VecDotFn portable = nullptr;
   const char* kernel_name = "";
 };
@@ -42,6 +43,7 @@ Table build_table() {
     e.portable = portable_vec_dot_kernel(p.weight);
     const NamedKernel simd = x86_vec_dot_kernel(p.weight);
     e.kernel = simd.kernel ? simd.kernel : e.portable;
+    e.rows = simd.rows;
     e.kernel_name = simd.kernel ? simd.name : "portable";
   }
   return table;
@@ -73,6 +75,17 @@ void quantize_activation(TensorType weight_type, const float* x, void* dst, int6
 
 float vec_dot(TensorType weight_type, const void* weight_row, const void* activation, int64_t n) {
   return entry(weight_type).kernel(weight_row, activation, n);
+}
+
+void vec_dot_rows(TensorType weight_type, const void* weight_row, const void* activations, size_t activation_stride,
+                  int64_t count, int64_t n, float* out, int64_t out_stride) {
+  const Entry& e = entry(weight_type);
+  if (e.rows) {
+    e.rows(weight_row, activations, activation_stride, count, n, out, out_stride);
+    return;
+  }
+  const auto* rows = static_cast<const uint8_t*>(activations);
+  for (int64_t t = 0; t < count; ++t) out[t * out_stride] = e.kernel(weight_row, rows + t * activation_stride, n);
 }
 
 float vec_dot_portable(TensorType weight_type, const void* weight_row, const void* activation, int64_t n) {

@@ -18,6 +18,12 @@ size_t activation_bytes(TensorType weight_type, int64_t n);
 void quantize_activation(TensorType weight_type, const float* x, void* dst, int64_t n);
 // Dot product of one weight row of `n` elements with one activation row in activation_type format.
 float vec_dot(TensorType weight_type, const void* weight_row, const void* activation, int64_t n);
+// Dot products of one weight row with `count` activation rows, activation_stride bytes apart:
+// out[t * out_stride] = vec_dot(weight_type, weight_row, activations + t * activation_stride, n), bit for bit.
+// A batch (prompt processing) is bound by unpacking weight blocks, not by reading them, so the kernels for the
+// common types unpack each block once for a group of activation rows; other types call vec_dot per row.
+void vec_dot_rows(TensorType weight_type, const void* weight_row, const void* activations, size_t activation_stride,
+                  int64_t count, int64_t n, float* out, int64_t out_stride);
 
 // The portable kernel behind vec_dot, whatever SIMD kernel the build selected: tests check one against the
 // other.
@@ -29,9 +35,13 @@ const char* vec_dot_kernel_name(TensorType weight_type);
 // where it has no kernel. vec_dot_portable.cpp covers every supported type; vec_dot_x86.cpp holds the AVX2
 // (+ VNNI) kernels and has none when built without AVX2, FMA and F16C.
 using VecDotFn = float (*)(const void* weight_row, const void* activation, int64_t n);
+// The multi-row form: the arguments of vec_dot_rows after the weight type.
+using VecDotRowsFn = void (*)(const void* weight_row, const void* activations, size_t activation_stride, int64_t count,
+                              int64_t n, float* out, int64_t out_stride);
 VecDotFn portable_vec_dot_kernel(TensorType weight_type);
 struct NamedKernel {
   VecDotFn kernel;
+  VecDotRowsFn rows;  // nullptr where vec_dot_rows loops over `kernel`
   const char* name;
 };
 NamedKernel x86_vec_dot_kernel(TensorType weight_type);
