@@ -136,33 +136,13 @@ const std::vector<std::string_view>& Value::strings() const {
 #define RF_GGUF_INSTANTIATE(T)        \
   template T Value::as<T>() const;     \
   template T File::get<T>(std::string_view) const;
-RF_GGUF_INSTANTIATE(uint8_t)
-RF_GGUF_INSTANTIATE(int8_t)
-RF_GGUF_INSTANTIATE(uint16_t)
-RF_GGUF_INSTANTIATE(int16_t)
-RF_GGUF_INSTANTIATE(uint32_t)
-RF_GGUF_INSTANTIATE(int32_t)
-RF_GGUF_INSTANTIATE(uint64_t)
-RF_GGUF_INSTANTIATE(int64_t)
-RF_GGUF_INSTANTIATE(float)
-RF_GGUF_INSTANTIATE(double)
-RF_GGUF_INSTANTIATE(bool)
+RF_GGUF_NUMERIC_TYPES(RF_GGUF_INSTANTIATE)
 RF_GGUF_INSTANTIATE(std::string_view)
 RF_GGUF_INSTANTIATE(std::string)
 #undef RF_GGUF_INSTANTIATE
 
 #define RF_GGUF_INSTANTIATE_ARRAY(T) template std::vector<T> Value::array<T>() const;
-RF_GGUF_INSTANTIATE_ARRAY(uint8_t)
-RF_GGUF_INSTANTIATE_ARRAY(int8_t)
-RF_GGUF_INSTANTIATE_ARRAY(uint16_t)
-RF_GGUF_INSTANTIATE_ARRAY(int16_t)
-RF_GGUF_INSTANTIATE_ARRAY(uint32_t)
-RF_GGUF_INSTANTIATE_ARRAY(int32_t)
-RF_GGUF_INSTANTIATE_ARRAY(uint64_t)
-RF_GGUF_INSTANTIATE_ARRAY(int64_t)
-RF_GGUF_INSTANTIATE_ARRAY(float)
-RF_GGUF_INSTANTIATE_ARRAY(double)
-RF_GGUF_INSTANTIATE_ARRAY(bool)
+RF_GGUF_NUMERIC_TYPES(RF_GGUF_INSTANTIATE_ARRAY)
 #undef RF_GGUF_INSTANTIATE_ARRAY
 
 // ---------------------------------------------------------------------------------------------------------

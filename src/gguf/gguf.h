@@ -151,6 +151,11 @@ class File {
   std::unordered_map<std::string_view, size_t> tensor_index_;
 };
 
+// Calls X(T) for every numeric C++ type a GGUF value can have: the explicit instantiations of the reader's
+// and the writer's typed templates.
+#define RF_GGUF_NUMERIC_TYPES(X) \
+  X(uint8_t) X(int8_t) X(uint16_t) X(int16_t) X(uint32_t) X(int32_t) X(uint64_t) X(int64_t) X(float) X(double) X(bool)
+
 // Value type of a C++ type, for typed accessors and the writer.
 template <typename T>
 constexpr ValueType value_type_of() {

@@ -165,17 +165,7 @@ void Writer::set_value(std::string_view key, const Value& value) {
 #define RF_GGUF_INSTANTIATE(T)                                 \
   template void Writer::set<T>(std::string_view key, T value); \
   template void Writer::set_array<T>(std::string_view key, std::span<const T> values);
-RF_GGUF_INSTANTIATE(uint8_t)
-RF_GGUF_INSTANTIATE(int8_t)
-RF_GGUF_INSTANTIATE(uint16_t)
-RF_GGUF_INSTANTIATE(int16_t)
-RF_GGUF_INSTANTIATE(uint32_t)
-RF_GGUF_INSTANTIATE(int32_t)
-RF_GGUF_INSTANTIATE(uint64_t)
-RF_GGUF_INSTANTIATE(int64_t)
-RF_GGUF_INSTANTIATE(float)
-RF_GGUF_INSTANTIATE(double)
-RF_GGUF_INSTANTIATE(bool)
+RF_GGUF_NUMERIC_TYPES(RF_GGUF_INSTANTIATE)
 #undef RF_GGUF_INSTANTIATE
 
 void Writer::set_encoded(std::string_view key, std::vector<uint8_t> value) {

@@ -11,14 +11,6 @@
 #include "quant/scale_search.h"
 #include "util/half.h"
 
-// Match llama.cpp's quantizer bit for bit: it is C compiled in ISO mode, which never fuses a * b + c into
-// one rounding, so neither may this file.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-
 namespace rf::quant {
 namespace {
 

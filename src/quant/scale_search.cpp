@@ -5,14 +5,6 @@
 
 #include "quant/blocks.h"
 
-// Match llama.cpp's quantizer bit for bit: it is C compiled in ISO mode, which never fuses a * b + c into
-// one rounding, so neither may this file.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-
 namespace rf::quant {
 namespace {
 
