@@ -235,17 +235,12 @@ void run_benchmarks(Engine& engine, const BenchOptions& options, Clock::time_poi
     results.push_back(tg);
   }
 
-  uint64_t size = 0;
-  uint64_t params = 0;
-  for (const gguf::TensorInfo& tensor : engine.file().tensors()) {
-    size += tensor.bytes;
-    params += tensor.elements();
-  }
-  const std::string model = model_description(engine.file());
+  const gguf::File& file = engine.file();
+  const std::string model = model_description(file);
   if (options.json)
-    print_json(model, size, params, backend, threads, results, load);
+    print_json(model, file.tensor_bytes(), file.parameter_count(), backend, threads, results, load);
   else
-    print_table(model, size, params, backend, threads, results, load, bytes_per_token);
+    print_table(model, file.tensor_bytes(), file.parameter_count(), backend, threads, results, load, bytes_per_token);
 }
 
 void bench(const BenchOptions& options) {

@@ -123,12 +123,6 @@ std::string count_text(uint64_t count) {
   return fmt::format("{:.2f}B", count / 1e9);
 }
 
-uint64_t parameter_count(const gguf::File& file) {
-  uint64_t count = 0;
-  for (const auto& tensor : file.tensors()) count += tensor.elements();
-  return count;
-}
-
 std::string file_type_text(const gguf::File& file) {
   const Value* value = file.find("general.file_type");
   if (!value || !value->is_integer()) return "not set";
@@ -141,7 +135,7 @@ void print_text(const gguf::File& file) {
   fmt::print("file          {}\n", file.path());
   fmt::print("GGUF version  {}\n", file.version());
   fmt::print("architecture  {}\n", file.architecture().empty() ? "(not set)" : file.architecture());
-  const uint64_t parameters = parameter_count(file);
+  const uint64_t parameters = file.parameter_count();
   fmt::print("parameters    {} ({})\n", count_text(parameters), parameters);
   fmt::print("file type     {}\n", file_type_text(file));
   fmt::print("size          {} ({} bytes), data section at byte {}, alignment {}\n", bytes_text(file.file_size()),
@@ -188,7 +182,7 @@ void print_json(const gguf::File& file) {
                        {"bytes", tensor.bytes}});
   const json out = {{"version", file.version()},
                     {"architecture", std::string(file.architecture())},
-                    {"parameters", parameter_count(file)},
+                    {"parameters", file.parameter_count()},
                     {"data_offset", file.data_offset()},
                     {"alignment", file.alignment()},
                     {"metadata", std::move(metadata)},

@@ -446,6 +446,18 @@ const TensorInfo& File::tensor(std::string_view name) const {
   return *info;
 }
 
+uint64_t File::parameter_count() const {
+  uint64_t count = 0;
+  for (const TensorInfo& info : tensors_) count += info.elements();
+  return count;
+}
+
+uint64_t File::tensor_bytes() const {
+  uint64_t bytes = 0;
+  for (const TensorInfo& info : tensors_) bytes += info.bytes;
+  return bytes;
+}
+
 std::string_view File::architecture() const {
   const Value* value = find("general.architecture");
   return value && value->type() == ValueType::STRING ? value->str() : std::string_view{};

@@ -134,6 +134,10 @@ class File {
   }
   const MappedFile* mapping() const { return mapping_.get(); }
 
+  // Elements and bytes of all tensors together (the parameter count and the size of the weights).
+  uint64_t parameter_count() const;
+  uint64_t tensor_bytes() const;
+
   // "llama", from general.architecture ("" when absent).
   std::string_view architecture() const;
 
