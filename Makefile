@@ -85,6 +85,7 @@ fuzz: build-fuzz
 	  name=$$(basename $$f); corpus=build-fuzz/corpus/$$name; mkdir -p $$corpus; \
 	  echo "== $$name for $(FUZZ_SECONDS) s"; \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1 \
+	    -artifact_prefix=build-fuzz/ \
 	    $$corpus $(SHARED)/models $(SHARED)/vocab; \
 	done
 

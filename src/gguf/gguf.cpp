@@ -107,6 +107,7 @@ int64_t Value::to_int() const {
 double Value::to_double() const {
   if (type_ == ValueType::FLOAT32) return as<float>();
   if (type_ == ValueType::FLOAT64) return as<double>();
+  if (type_ == ValueType::UINT64) return static_cast<double>(as<uint64_t>());  // may not fit to_int()
   if (is_integer()) return static_cast<double>(to_int());
   fail("value has type {}, not a number", value_type_name(type_));
 }

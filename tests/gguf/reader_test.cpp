@@ -163,6 +163,7 @@ TEST(Reader, EveryValueTypeAndNestedArrays) {
   EXPECT_EQ(file->get_int("t.u8"), 200);
   EXPECT_EQ(file->get_int("t.i64"), INT64_MIN);
   EXPECT_THROW(file->get_int("t.u64"), Error);  // does not fit int64
+  EXPECT_EQ(file->get_value("t.u64").to_double(), 18446744073709551615.0);  // found by fuzz_gguf
   EXPECT_EQ(file->get_value("t.i16s").array<int16_t>(), (std::vector<int16_t>{-1, 2, -3}));
   EXPECT_EQ(file->get_value("t.bools").array<bool>(), (std::vector<bool>{false, true}));
   EXPECT_TRUE(file->get_value("t.empty").array<double>().empty());
