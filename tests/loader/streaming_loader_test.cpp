@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "error_of.h"
 #include "loader/recording_sink.h"
 #include "loader/tensor_groups.h"
 #include "model/execution_plan.h"
@@ -23,6 +24,7 @@
 namespace rf::loader {
 namespace {
 
+using test::error_of;
 using test::RecordingSink;
 
 std::string model_path(const std::string& name) { return test::shared_path("models/" + name + ".gguf"); }
@@ -37,17 +39,6 @@ class UnusedResidency final : public model::Residency {
 
 std::vector<TensorGroup> groups_of(const std::shared_ptr<const gguf::File>& file) {
   return execution_order_groups(model::ExecutionPlan::build(file, std::make_shared<UnusedResidency>()));
-}
-
-// Runs `f` and returns the rf::Error message it throws ("" when it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

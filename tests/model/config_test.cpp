@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/residency.h"
+#include "error_of.h"
 #include "model/execution_plan.h"
 #include "model_variant.h"
 
@@ -15,6 +16,7 @@ namespace {
 
 using model::ModelConfig;
 using model::RopeScaling;
+using test::error_of;
 using test::ModelEdits;
 using test::TempModel;
 
@@ -26,17 +28,6 @@ model::ExecutionPlan plan_of(const std::string& path) {
 
 // stories260K with edited keys.
 TempModel with_keys(ModelEdits::Edit edit) { return TempModel("stories260K", ModelEdits().edit_keys(std::move(edit))); }
-
-// Runs `f` and returns the rf::Error message it throws ("" when it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(ConfigTest, Stories260K) {
   const ModelConfig c = config_of(test::shared_model("stories260K"));

@@ -131,8 +131,9 @@ struct Decoder<TensorType::F32> {
   }
 };
 
-template <>
-struct Decoder<TensorType::F16> {
+// F16 and BF16: a block is eight 16-bit floats read as one 16-byte load and widened by `widen`.
+template <float (*widen)(uint16_t)>
+struct HalfWidthDecoder {
   static constexpr int kBlockElements = 8;
   static constexpr int kSlices = 1;
   using Slice = FloatSlice<8>;
@@ -142,30 +143,18 @@ struct Decoder<TensorType::F16> {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const auto bits = static_cast<uint32_t>(decode::component(v, i));
-      s.v[2 * i] = half_to_float(static_cast<uint16_t>(bits));
-      s.v[2 * i + 1] = half_to_float(static_cast<uint16_t>(bits >> 16));
+      s.v[2 * i] = widen(static_cast<uint16_t>(bits));
+      s.v[2 * i + 1] = widen(static_cast<uint16_t>(bits >> 16));
     }
     return s;
   }
 };
 
 template <>
-struct Decoder<TensorType::BF16> {
-  static constexpr int kBlockElements = 8;
-  static constexpr int kSlices = 1;
-  using Slice = FloatSlice<8>;
-  __device__ static Slice load(const WeightView& w, int64_t block, int) {
-    const int4 v = load_16(decode::payload(w, block, 16));
-    Slice s;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const auto bits = static_cast<uint32_t>(decode::component(v, i));
-      s.v[2 * i] = bf16_to_float(static_cast<uint16_t>(bits));
-      s.v[2 * i + 1] = bf16_to_float(static_cast<uint16_t>(bits >> 16));
-    }
-    return s;
-  }
-};
+struct Decoder<TensorType::F16> : HalfWidthDecoder<half_to_float> {};
+
+template <>
+struct Decoder<TensorType::BF16> : HalfWidthDecoder<bf16_to_float> {};
 
 // ---- 32-element blocks -----------------------------------------------------------------------------------------
 
