@@ -4,6 +4,7 @@
 //    in cache, so this is the kernels' own speed, not the memory system's.
 //  - batch64: times 64 activation rows through vec_dot_rows (prompt processing), a weight row against all
 //    rows at a time. Reports dot products (weight row x activation row) per second.
+//  - tile64: the same through vec_dot_tile, 8 weight rows at a time, for the types that have tile kernels.
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -51,7 +52,9 @@ void matvec(benchmark::State& state, rf::TensorType type) {
   state.SetLabel(rf::cpu::vec_dot_kernel_name(type));
 }
 
-void batch(benchmark::State& state, rf::TensorType type) {
+enum class BatchKernel { Rows, Tiles };
+
+void batch(benchmark::State& state, rf::TensorType type, BatchKernel kernel) {
   constexpr int64_t kTokens = 64;
   std::mt19937 rng(42);
   const Matrix m = random_matrix(type, rng);
@@ -65,9 +68,15 @@ void batch(benchmark::State& state, rf::TensorType type) {
   }
   std::vector<float> out(kRows * kTokens);
   for (auto _ : state) {
-    for (int64_t r = 0; r < kRows; ++r)
-      rf::cpu::vec_dot_rows(type, m.weights.data() + r * m.row_bytes, activations.data(), stride, kTokens, kCols,
-                            out.data() + r, kRows);
+    if (kernel == BatchKernel::Tiles) {
+      for (int64_t r = 0; r < kRows; r += rf::cpu::kTileRows)
+        rf::cpu::vec_dot_tile(type, m.weights.data() + r * m.row_bytes, m.row_bytes, activations.data(), stride,
+                              kTokens, kCols, out.data() + r, kRows);
+    } else {
+      for (int64_t r = 0; r < kRows; ++r)
+        rf::cpu::vec_dot_rows(type, m.weights.data() + r * m.row_bytes, activations.data(), stride, kTokens, kCols,
+                              out.data() + r, kRows);
+    }
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
@@ -80,8 +89,14 @@ int register_all() {
     benchmark::RegisterBenchmark(("matvec_2048x2048/" + std::string(rf::tensor_type_name(type))).c_str(), matvec, type)
         ->Unit(benchmark::kMicrosecond);
   for (rf::TensorType type : rf::quant::supported_types())
-    benchmark::RegisterBenchmark(("batch64_2048x2048/" + std::string(rf::tensor_type_name(type))).c_str(), batch, type)
+    benchmark::RegisterBenchmark(("batch64_2048x2048/" + std::string(rf::tensor_type_name(type))).c_str(), batch, type,
+                                 BatchKernel::Rows)
         ->Unit(benchmark::kMillisecond);
+  for (rf::TensorType type : rf::quant::supported_types())
+    if (rf::cpu::has_tile_kernel(type))
+      benchmark::RegisterBenchmark(("tile64_2048x2048/" + std::string(rf::tensor_type_name(type))).c_str(), batch,
+                                   type, BatchKernel::Tiles)
+          ->Unit(benchmark::kMillisecond);
   return 0;
 }
 const int registered = register_all();

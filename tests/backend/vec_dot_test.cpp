@@ -125,6 +125,49 @@ TEST_P(VecDot, RowsMatchVecDotExactly) {
   }
 }
 
+// The tile kernels apply the scales in another order than vec_dot: the same sums to float rounding. Eight
+// weight rows with padding between them (a stride longer than a row); 15 tokens, since the kernels take
+// tokens eight, then four, then one at a time; activations scaled so that quants reach their extremes for
+// every other token. The output slot after the tile's 8 must stay untouched.
+TEST_P(VecDot, TileMatchesVecDot) {
+  const TensorType type = GetParam();
+  if (!has_tile_kernel(type)) GTEST_SKIP() << "no tile kernel for " << tensor_type_name(type) << " in this build";
+  const int64_t n = 768;
+  constexpr int64_t kTokens = 15, kOutStride = kTileRows + 1;
+  const size_t row = row_bytes(type, n), padded_row = row + 64;
+  std::vector<uint8_t> weights(padded_row * kTileRows, 0xAB);
+  for (int r = 0; r < kTileRows; ++r) {
+    const Case c = make_case(type, n, static_cast<uint32_t>(200 + r));
+    std::copy(c.weights.begin(), c.weights.end(), weights.begin() + static_cast<ptrdiff_t>(r * padded_row));
+  }
+  const size_t stride = activation_bytes(type, n);
+  std::vector<uint8_t> activations(stride * kTokens);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    const Case c = make_case(type, n, static_cast<uint32_t>(300 + t), t % 2 ? 100.0f : 1.0f);
+    std::copy(c.activation.begin(), c.activation.end(), activations.begin() + static_cast<ptrdiff_t>(t * stride));
+  }
+  std::vector<float> out(kTokens * kOutStride, -1.0f);
+  vec_dot_tile(type, weights.data(), padded_row, activations.data(), stride, kTokens, n, out.data(), kOutStride);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    for (int r = 0; r < kTileRows; ++r) {
+      const uint8_t* w = weights.data() + r * padded_row;
+      const uint8_t* a = activations.data() + t * stride;
+      const float expected = vec_dot(type, w, a, n);
+      // Float rounding relative to the sum of |products|, which the dot product with |w| bounds.
+      const std::vector<float> dw = [&] {
+        std::vector<float> v(static_cast<size_t>(n));
+        quant::dequantize(type, w, v.data(), n);
+        return v;
+      }();
+      const std::vector<float> da = dequantized_activation(type, {a, a + stride}, n);
+      double magnitude = 0;
+      for (int64_t i = 0; i < n; ++i) magnitude += std::fabs(static_cast<double>(dw[i]) * da[i]);
+      EXPECT_NEAR(out[t * kOutStride + r], expected, 1e-5 * magnitude) << "token " << t << " row " << r;
+    }
+    EXPECT_EQ(out[t * kOutStride + kTileRows], -1.0f);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, VecDot,
                          testing::ValuesIn(quant::supported_types().begin(), quant::supported_types().end()),
                          [](const testing::TestParamInfo<TensorType>& p) {

@@ -44,10 +44,28 @@ const uint8_t* QuantizedRows::quantized(TensorType weight_type) const {
 
 namespace {
 
-// A batch is multiplied block by block: a few weight rows (they stay in L1/L2) against tiles of activation
-// rows (a tile stays in L2), so every weight byte comes from memory once however many tokens there are.
+// A batch is multiplied block by block: a few weight rows (they stay in L1/L2) against groups of activation
+// rows (a group stays in L2), so every weight byte comes from memory once however many tokens there are.
 constexpr int64_t kRowBlock = 16;
-constexpr size_t kActivationTileBytes = 256 * 1024;
+constexpr size_t kActivationGroupBytes = 1024 * 1024;  // of the 2 MB L2 of the target machine
+// From this many tokens on, whole tiles of kTileRows weight rows go through vec_dot_tile where the type has a
+// tile kernel; fewer tokens would not repay unpacking a tile's blocks.
+constexpr int64_t kMinTileTokens = 4;
+
+// Decoding (one input row) streams each weight row from memory once. A core walking one contiguous range of
+// rows stalls with its line fill buffers full of software prefetches; walking two ranges at once, a row of
+// each in turn, gives the hardware prefetcher two streams to run ahead on (decode +30% on the target machine,
+// docs/PERFORMANCE.md; three or more streams measured no better).
+constexpr int64_t kDecodeStreams = 2;
+
+// Rows [first, last) of one product for a single input row.
+void multiply_vector(const Product& product, const uint8_t* activation, int64_t first, int64_t last) {
+  const Matrix& w = product.weight;
+  const int64_t stream_rows = (last - first + kDecodeStreams - 1) / kDecodeStreams;
+  for (int64_t i = 0; i < stream_rows; ++i)
+    for (int64_t r = first + i; r < last; r += stream_rows)
+      product.out[r] = vec_dot(w.type, w.data + r * w.row_bytes, activation, w.cols);
+}
 
 // Rows [first, last) of one product, for every input row.
 void multiply_rows(const Product& product, const QuantizedRows& input, int64_t first, int64_t last) {
@@ -55,15 +73,24 @@ void multiply_rows(const Product& product, const QuantizedRows& input, int64_t f
   const uint8_t* activations = input.quantized(w.type);
   const size_t stride = input.row_bytes(w.type);
   const int64_t tokens = input.rows();
-  const auto tile = std::max<int64_t>(1, static_cast<int64_t>(kActivationTileBytes / stride));
+  if (tokens == 1) {
+    multiply_vector(product, activations, first, last);
+    return;
+  }
+  const bool tiles = tokens >= kMinTileTokens && has_tile_kernel(w.type);
+  const auto group = std::max<int64_t>(1, static_cast<int64_t>(kActivationGroupBytes / stride));
   for (int64_t block = first; block < last; block += kRowBlock) {
-    for (int64_t t0 = 0; t0 < tokens; t0 += tile) {
-      const int64_t count = std::min(tokens, t0 + tile) - t0;
-      for (int64_t r = block; r < std::min(last, block + kRowBlock); ++r) {
-        const uint8_t* row = w.data + r * w.row_bytes;
-        vec_dot_rows(w.type, row, activations + t0 * stride, stride, count, w.cols, &product.out[t0 * w.rows + r],
-                     w.rows);
-      }
+    const int64_t block_end = std::min(last, block + kRowBlock);
+    for (int64_t t0 = 0; t0 < tokens; t0 += group) {
+      const int64_t count = std::min(tokens, t0 + group) - t0;
+      const uint8_t* group_activations = activations + t0 * stride;
+      float* group_out = &product.out[t0 * w.rows];
+      int64_t r = block;
+      for (; tiles && r + kTileRows <= block_end; r += kTileRows)
+        vec_dot_tile(w.type, w.data + r * w.row_bytes, w.row_bytes, group_activations, stride, count, w.cols,
+                     group_out + r, w.rows);
+      for (; r < block_end; ++r)
+        vec_dot_rows(w.type, w.data + r * w.row_bytes, group_activations, stride, count, w.cols, group_out + r, w.rows);
     }
   }
 }

@@ -26,6 +26,7 @@ struct Entry {
   TensorType activation = TensorType::F32;
   VecDotFn kernel = nullptr;  // the fastest this build has
   VecDotRowsFn rows = nullptr;  // its multi-row form, if it has one
+  VecDotTileFn tile = nullptr;  // its tile form, if it has one
   VecDotFn portable = nullptr;
   const char* kernel_name = "";
 };
@@ -44,6 +45,7 @@ Table build_table() {
     const NamedKernel simd = x86_vec_dot_kernel(p.weight);
     e.kernel = simd.kernel ? simd.kernel : e.portable;
     e.rows = simd.rows;
+    e.tile = simd.tile;
     e.kernel_name = simd.kernel ? simd.name : "portable";
   }
   return table;
@@ -86,6 +88,15 @@ void vec_dot_rows(TensorType weight_type, const void* weight_row, const void* ac
   }
   const auto* rows = static_cast<const uint8_t*>(activations);
   for (int64_t t = 0; t < count; ++t) out[t * out_stride] = e.kernel(weight_row, rows + t * activation_stride, n);
+}
+
+bool has_tile_kernel(TensorType weight_type) { return entry(weight_type).tile != nullptr; }
+
+void vec_dot_tile(TensorType weight_type, const void* weight_rows, size_t weight_row_bytes, const void* activations,
+                  size_t activation_stride, int64_t count, int64_t n, float* out, int64_t out_stride) {
+  const Entry& e = entry(weight_type);
+  if (!e.tile) fail("no tile kernel for weight type {}", tensor_type_name(weight_type));
+  e.tile(weight_rows, weight_row_bytes, activations, activation_stride, count, n, out, out_stride);
 }
 
 float vec_dot_portable(TensorType weight_type, const void* weight_row, const void* activation, int64_t n) {

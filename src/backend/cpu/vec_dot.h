@@ -25,6 +25,18 @@ float vec_dot(TensorType weight_type, const void* weight_row, const void* activa
 void vec_dot_rows(TensorType weight_type, const void* weight_row, const void* activations, size_t activation_stride,
                   int64_t count, int64_t n, float* out, int64_t out_stride);
 
+// Weight rows of one tile of vec_dot_tile.
+constexpr int kTileRows = 8;
+// Whether vec_dot_tile has a kernel for the type in this build (Q4_K, Q5_K and Q6_K with VNNI).
+bool has_tile_kernel(TensorType weight_type);
+// Dot products of kTileRows weight rows, weight_row_bytes apart, with `count` activation rows:
+// out[t * out_stride + i] = dot(weight row i, activation row t) for i < kTileRows, out_stride >= kTileRows.
+// Prompt processing: each weight block is unpacked once for all the rows and tokens, and one instruction
+// multiplies 8 rows with one token. Equal to vec_dot up to float rounding (the scales are applied in another
+// order). Throws where has_tile_kernel is false.
+void vec_dot_tile(TensorType weight_type, const void* weight_rows, size_t weight_row_bytes, const void* activations,
+                  size_t activation_stride, int64_t count, int64_t n, float* out, int64_t out_stride);
+
 // The portable kernel behind vec_dot, whatever SIMD kernel the build selected: tests check one against the
 // other.
 float vec_dot_portable(TensorType weight_type, const void* weight_row, const void* activation, int64_t n);
@@ -38,10 +50,14 @@ using VecDotFn = float (*)(const void* weight_row, const void* activation, int64
 // The multi-row form: the arguments of vec_dot_rows after the weight type.
 using VecDotRowsFn = void (*)(const void* weight_row, const void* activations, size_t activation_stride, int64_t count,
                               int64_t n, float* out, int64_t out_stride);
+// The tile form: the arguments of vec_dot_tile after the weight type.
+using VecDotTileFn = void (*)(const void* weight_rows, size_t weight_row_bytes, const void* activations,
+                              size_t activation_stride, int64_t count, int64_t n, float* out, int64_t out_stride);
 VecDotFn portable_vec_dot_kernel(TensorType weight_type);
 struct NamedKernel {
   VecDotFn kernel;
   VecDotRowsFn rows;  // nullptr where vec_dot_rows loops over `kernel`
+  VecDotTileFn tile;  // nullptr where there is no tile kernel
   const char* name;
 };
 NamedKernel x86_vec_dot_kernel(TensorType weight_type);

@@ -9,7 +9,9 @@
 //
 // The kernels of the most used types are written for R activation rows at once: a weight block is unpacked
 // (nibbles split, scales widened and broadcast) once and multiplied with each row, which roughly halves the
-// work per row of a batch. vec_dot is the R = 1 form of the same code, so the two agree bit for bit.
+// work per row of a batch. vec_dot is the R = 1 form of the same code, so the two agree bit for bit. Prompts
+// go through the tile kernels at the end of the file (Q4_K, Q5_K, Q6_K), which multiply 8 weight rows with
+// one token per instruction.
 #include "backend/cpu/vec_dot.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -59,10 +61,15 @@ __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256
 // requests evenly; a burst per row measured ~15% slower, and 2 or 8 KB ahead or L2-only hints no faster.
 constexpr size_t kPrefetchDistance = 4096;
 
+// The cache lines of `bytes` bytes from p, to L1.
+void prefetch(const void* p, size_t bytes) {
+  const char* first = static_cast<const char*>(p);
+  for (size_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(first + offset, _MM_HINT_T0);
+}
+
 // Called with each weight block (`bytes` long) as a kernel reaches it.
 void prefetch_ahead(const void* block, size_t bytes) {
-  const char* ahead = static_cast<const char*>(block) + kPrefetchDistance;
-  for (size_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(ahead + offset, _MM_HINT_T0);
+  prefetch(static_cast<const char*>(block) + kPrefetchDistance, bytes);
 }
 
 // Activation row r of a group, as blocks.
@@ -346,14 +353,33 @@ __m256i broadcast_scale(__m256i scales16, int j) {
   return _mm256_shuffle_epi8(scales16, _mm256_set1_epi16(static_cast<int16_t>((2 * j + 1) << 8 | 2 * j)));
 }
 
-// Q4_K and Q5_K, alike but for Q5_K's fifth bit. The 32 bytes qs[32p..] hold sub-block 2p in their low
-// nibbles and sub-block 2p + 1 in their high nibbles.
+// Levels of Q4_K (0..15) or Q5_K (0..31, a fifth bit) in element order, sub-block j in levels[j]. The 32 bytes
+// qs[32p..] hold sub-block 2p in their low nibbles and sub-block 2p + 1 in their high nibbles. (Inlined by
+// force: a call in the row kernels' loop measured 2% of decoding.)
+template <typename Block>
+[[gnu::always_inline]] inline void k_levels(const Block& wb, __m256i (&levels)[8]) {
+  const __m256i mask4 = _mm256_set1_epi8(0x0F);
+  __m256i fifth = _mm256_setzero_si256();
+  if constexpr (std::is_same_v<Block, BlockQ5_K>) fifth = load(wb.qh);  // bit j of byte l: element 32j + l
+  for (int p = 0; p < 4; ++p) {
+    const __m256i q4 = load(wb.qs + 32 * p);
+    levels[2 * p] = _mm256_and_si256(q4, mask4);
+    levels[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(q4, 4), mask4);
+    if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+      const __m256i bit4 = _mm256_set1_epi8(0x10);
+      levels[2 * p] = _mm256_or_si256(levels[2 * p], _mm256_and_si256(_mm256_slli_epi16(fifth, 4), bit4));
+      levels[2 * p + 1] = _mm256_or_si256(levels[2 * p + 1], _mm256_and_si256(_mm256_slli_epi16(fifth, 3), bit4));
+      fifth = _mm256_srli_epi16(fifth, 2);
+    }
+  }
+}
+
+// Q4_K and Q5_K, alike but for Q5_K's fifth bit.
 template <typename Block>
 struct ScaleMin {
   template <int R>
   static void rows(const void* w, const uint8_t* a, size_t stride, int64_t n, float* out, int64_t out_stride) {
     const auto* weights = static_cast<const Block*>(w);
-    const __m256i mask4 = _mm256_set1_epi8(0x0F);
     __m256 acc[R];
     __m128 acc_min[R];
     for (int r = 0; r < R; ++r) {
@@ -377,19 +403,7 @@ struct ScaleMin {
       // Levels and scale multipliers of sub-block j.
       __m256i levels[8];
       __m256i scales[8];
-      __m256i fifth = _mm256_setzero_si256();
-      if constexpr (std::is_same_v<Block, BlockQ5_K>) fifth = load(wb.qh);  // bit j of byte l: element 32j + l
-      for (int p = 0; p < 4; ++p) {
-        const __m256i q4 = load(wb.qs + 32 * p);
-        levels[2 * p] = _mm256_and_si256(q4, mask4);
-        levels[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(q4, 4), mask4);
-        if constexpr (std::is_same_v<Block, BlockQ5_K>) {
-          const __m256i bit4 = _mm256_set1_epi8(0x10);
-          levels[2 * p] = _mm256_or_si256(levels[2 * p], _mm256_and_si256(_mm256_slli_epi16(fifth, 4), bit4));
-          levels[2 * p + 1] = _mm256_or_si256(levels[2 * p + 1], _mm256_and_si256(_mm256_slli_epi16(fifth, 3), bit4));
-          fifth = _mm256_srli_epi16(fifth, 2);
-        }
-      }
+      k_levels(wb, levels);
       for (int j = 0; j < 8; ++j) scales[j] = broadcast_scale(scales16, j);
       for (int r = 0; r < R; ++r) {
         const BlockQ8_K& ab = activation_row<BlockQ8_K>(a, stride, r)[b];
@@ -408,12 +422,29 @@ struct ScaleMin {
   }
 };
 
+// Q6_K levels 0..63 of elements 32c .. 32c + 31 (sub-blocks 2c and 2c + 1) in levels[c].
+[[gnu::always_inline]] inline void q6_k_levels(const BlockQ6_K& wb, __m256i (&levels)[8]) {
+  const __m256i mask4 = _mm256_set1_epi8(0x0F);
+  const __m256i mask_high = _mm256_set1_epi8(0x30);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i low01 = load(wb.ql + 64 * h);       // elements 128h + 32k for k = 0 (low nibbles), 2 (high)
+    const __m256i low23 = load(wb.ql + 64 * h + 32);  // k = 1 and k = 3
+    const __m256i high = load(wb.qh + 32 * h);        // 2 bits per k at bit 2k
+    levels[4 * h] =
+        _mm256_or_si256(_mm256_and_si256(low01, mask4), _mm256_and_si256(_mm256_slli_epi16(high, 4), mask_high));
+    levels[4 * h + 1] =
+        _mm256_or_si256(_mm256_and_si256(low23, mask4), _mm256_and_si256(_mm256_slli_epi16(high, 2), mask_high));
+    levels[4 * h + 2] =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low01, 4), mask4), _mm256_and_si256(high, mask_high));
+    levels[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low23, 4), mask4),
+                                        _mm256_and_si256(_mm256_srli_epi16(high, 2), mask_high));
+  }
+}
+
 struct Q6K {
   template <int R>
   static void rows(const void* w, const uint8_t* a, size_t stride, int64_t n, float* out, int64_t out_stride) {
     const auto* weights = static_cast<const BlockQ6_K*>(w);
-    const __m256i mask4 = _mm256_set1_epi8(0x0F);
-    const __m256i mask_high = _mm256_set1_epi8(0x30);
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / kSuperBlock; ++b) {
@@ -421,23 +452,11 @@ struct Q6K {
       prefetch_ahead(&wb, sizeof(wb));
       const __m128i scales8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales));
       const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
-      // Levels of elements 128h + 32k .. + 31, taken as 0..63 (the -32 comes off through the block sums), and
-      // the multipliers of their two 16-element sub-blocks.
+      // Levels taken as 0..63 (the -32 comes off through the block sums) and the multipliers of their two
+      // 16-element sub-blocks.
       __m256i levels[8];
       __m256i scales[8];
-      for (int h = 0; h < 2; ++h) {
-        const __m256i low01 = load(wb.ql + 64 * h);       // elements k = 0 (low nibbles) and k = 2 (high)
-        const __m256i low23 = load(wb.ql + 64 * h + 32);  // k = 1 and k = 3
-        const __m256i high = load(wb.qh + 32 * h);        // 2 bits per k at bit 2k
-        levels[4 * h] =
-            _mm256_or_si256(_mm256_and_si256(low01, mask4), _mm256_and_si256(_mm256_slli_epi16(high, 4), mask_high));
-        levels[4 * h + 1] =
-            _mm256_or_si256(_mm256_and_si256(low23, mask4), _mm256_and_si256(_mm256_slli_epi16(high, 2), mask_high));
-        levels[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low01, 4), mask4),
-                                            _mm256_and_si256(high, mask_high));
-        levels[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low23, 4), mask4),
-                                            _mm256_and_si256(_mm256_srli_epi16(high, 2), mask_high));
-      }
+      q6_k_levels(wb, levels);
       for (int k = 0; k < 8; ++k) scales[k] = sub_block_pair_scales(scales8, 2 * k);
       const float dw = half(wb.d);
       for (int r = 0; r < R; ++r) {
@@ -457,6 +476,208 @@ struct Q6K {
     for (int r = 0; r < R; ++r) out[r * out_stride] = horizontal_sum(acc[r]);
   }
 };
+
+// ---- tiles: kTileRows weight rows against many activation rows (prompt processing) --------------------------
+//
+// A prompt's products are bound by arithmetic, and the row kernels above spend most of theirs widening 16-bit
+// products and applying sub-block scales per (weight row, token). A tile kernel unpacks one block of 8 weight
+// rows into levels interleaved across the rows (dword r of levels[g] holds elements 4g .. 4g + 3 of row r),
+// so one vpdpbusd multiplies four levels of all 8 rows with the same four activation bytes of one token:
+// 32 multiply-adds per instruction with nothing to widen. The sub-block scales become float vectors over the
+// rows, applied once per sub-block and token; minimums (Q4_K, Q5_K) and the level offset (Q6_K) meet the
+// activations' 16-element sums through vpdpwssd. The sums are rounded in another order than vec_dot's, so
+// results agree to float rounding, not bit for bit.
+#ifdef RF_VNNI
+
+// v[r] dword g -> v[g] dword r, for 8 vectors of 8 dwords.
+void transpose_8x8(__m256i (&v)[8]) {
+  __m256i t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  __m256i u[8];
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+    v[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+  }
+}
+
+__m256i broadcast_dword(const void* p) {
+  int32_t x;
+  std::memcpy(&x, p, sizeof(x));
+  return _mm256_set1_epi32(x);
+}
+
+// One block of a tile, unpacked: lane r of every vector belongs to weight row r.
+template <int kSubBlockElements>
+struct TileBlock {
+  static constexpr int kSubBlocks = kSuperBlock / kSubBlockElements;
+  __m256i levels[kSuperBlock / 4];  // unsigned levels, four elements per dword
+  __m256 scales[kSubBlocks];        // d * sub-block scale
+  // The offset term: dword k pairs the 16-bit multipliers of the activation sums bsums[2k] and bsums[2k + 1];
+  // their sum over k, times offset_scale, is added to the row's sum.
+  __m256i offset_multipliers[kSuperBlock / 32];
+  __m256 offset_scale;
+};
+
+// Levels of 8 rows' 32-element pieces: rows[r][c] holds elements 32c .. 32c + 31 of row r.
+template <int kSubBlockElements>
+void interleave_levels(__m256i (&rows)[kTileRows][8], TileBlock<kSubBlockElements>& tile) {
+  for (int c = 0; c < 8; ++c) {
+    __m256i v[8];
+    for (int r = 0; r < kTileRows; ++r) v[r] = rows[r][c];
+    transpose_8x8(v);
+    for (int g = 0; g < 8; ++g) tile.levels[8 * c + g] = v[g];
+  }
+}
+
+// Eight values per row (lane i of rows[r]) -> lane r of vector i.
+void interleave_values(__m256i (&rows)[kTileRows], __m256i* out) {
+  transpose_8x8(rows);
+  for (int i = 0; i < 8; ++i) out[i] = rows[i];
+}
+
+// Block b of row r. A tile's 8 rows are 8 streams the hardware prefetcher does not follow between two
+// blocks, so the next block of the row (or, after its last, the bytes that follow) is requested now: it
+// arrives while the tokens are multiplied with this one.
+template <typename Block>
+const Block& tile_block(const uint8_t* w, size_t row_bytes, int r, int64_t b) {
+  const Block* block = reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * row_bytes) + b;
+  prefetch(block + 1, sizeof(Block));
+  return *block;
+}
+
+// Q4_K, Q5_K: x = d * scale[j] * level - dmin * min[j], 32-element sub-blocks.
+template <typename Block>
+void unpack_tile(const uint8_t* w, size_t row_bytes, int64_t b, TileBlock<32>& tile) {
+  __m256i levels[kTileRows][8];
+  __m256i scales[kTileRows];
+  __m256i mins[kTileRows];
+  alignas(32) float d[kTileRows];
+  alignas(32) float dmin[kTileRows];
+  for (int r = 0; r < kTileRows; ++r) {
+    const Block& wb = tile_block<Block>(w, row_bytes, r, b);
+    k_levels(wb, levels[r]);
+    const KScalesMins sm = unpack_k_scales_mins(wb.scales);
+    scales[r] = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(sm.word[1]), static_cast<int>(sm.word[0])));
+    mins[r] = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(sm.word[3]), static_cast<int>(sm.word[2])));
+    d[r] = half(wb.d);
+    dmin[r] = half(wb.dmin);
+  }
+  interleave_levels(levels, tile);
+  __m256i by_sub_block[8];
+  interleave_values(scales, by_sub_block);
+  for (int j = 0; j < 8; ++j) tile.scales[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(by_sub_block[j]), _mm256_load_ps(d));
+  // min[j] against bsums[2j] + bsums[2j + 1]: the same multiplier in both halves of dword j.
+  interleave_values(mins, by_sub_block);
+  for (int j = 0; j < 8; ++j)
+    tile.offset_multipliers[j] = _mm256_or_si256(by_sub_block[j], _mm256_slli_epi32(by_sub_block[j], 16));
+  tile.offset_scale = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_load_ps(dmin));
+}
+
+// Q6_K: x = d * scale[j] * (level - 32), 16-element sub-blocks.
+void unpack_tile_q6_k(const uint8_t* w, size_t row_bytes, int64_t b, TileBlock<16>& tile) {
+  __m256i levels[kTileRows][8];
+  __m256i scales_low[kTileRows];   // scales 0-7, 32 bits each
+  __m256i scales_high[kTileRows];  // scales 8-15
+  __m256i scale_pairs[kTileRows];  // scales 0-15, 16 bits each
+  alignas(32) float d[kTileRows];
+  for (int r = 0; r < kTileRows; ++r) {
+    const BlockQ6_K& wb = tile_block<BlockQ6_K>(w, row_bytes, r, b);
+    q6_k_levels(wb, levels[r]);
+    const __m128i scales8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales));
+    scales_low[r] = _mm256_cvtepi8_epi32(scales8);
+    scales_high[r] = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(scales8, scales8));
+    scale_pairs[r] = _mm256_cvtepi8_epi16(scales8);
+    d[r] = half(wb.d);
+  }
+  interleave_levels(levels, tile);
+  const __m256 dv = _mm256_load_ps(d);
+  __m256i by_sub_block[8];
+  interleave_values(scales_low, by_sub_block);
+  for (int j = 0; j < 8; ++j) tile.scales[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(by_sub_block[j]), dv);
+  interleave_values(scales_high, by_sub_block);
+  for (int j = 0; j < 8; ++j) tile.scales[8 + j] = _mm256_mul_ps(_mm256_cvtepi32_ps(by_sub_block[j]), dv);
+  interleave_values(scale_pairs, tile.offset_multipliers);
+  tile.offset_scale = _mm256_mul_ps(dv, _mm256_set1_ps(-32.0f));
+}
+
+// Adds block b of R tokens' dot products with the tile's 8 rows to out[t * out_stride + 0..7].
+template <int kSubBlockElements, int R>
+void accumulate_tile(const TileBlock<kSubBlockElements>& tile, const uint8_t* a, size_t stride, int64_t b, float* out,
+                     int64_t out_stride) {
+  constexpr int kGroups = kSubBlockElements / 4;
+  const BlockQ8_K* act[R];
+  __m256 sums[R];
+  __m256i offsets[R];
+  for (int t = 0; t < R; ++t) {
+    act[t] = &activation_row<BlockQ8_K>(a, stride, t)[b];
+    sums[t] = _mm256_setzero_ps();
+    offsets[t] = _mm256_setzero_si256();
+  }
+  for (int j = 0; j < TileBlock<kSubBlockElements>::kSubBlocks; ++j) {
+    // Two chains of multiply-adds per token (even and odd groups): with R tokens, 2R independent chains keep
+    // the multiply-add units busy through each instruction's latency.
+    __m256i dots[2][R];
+    for (int t = 0; t < R; ++t) dots[0][t] = dots[1][t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int g = 0; g < kGroups; ++g) {
+      const int group = kGroups * j + g;
+#pragma GCC unroll 8
+      for (int t = 0; t < R; ++t)
+        dots[g % 2][t] = vnni_u8_i8(dots[g % 2][t], tile.levels[group], broadcast_dword(act[t]->qs + 4 * group));
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < R; ++t)
+      sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(dots[0][t], dots[1][t])), tile.scales[j], sums[t]);
+  }
+#pragma GCC unroll 8
+  for (int k = 0; k < kSuperBlock / 32; ++k)
+#pragma GCC unroll 8
+    for (int t = 0; t < R; ++t)
+      offsets[t] = vnni_i16_i16(offsets[t], tile.offset_multipliers[k], broadcast_dword(act[t]->bsums + 2 * k));
+  for (int t = 0; t < R; ++t) {
+    const __m256 row_sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(offsets[t]), tile.offset_scale, sums[t]);
+    float* o = out + t * out_stride;
+    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_set1_ps(act[t]->d), row_sums, _mm256_loadu_ps(o)));
+  }
+}
+
+// Tokens in groups of eight (then four, then one) share each level vector they load.
+template <int kSubBlockElements, auto unpack>
+void dot_tile(const void* w, size_t row_bytes, const void* a, size_t stride, int64_t count, int64_t n, float* out,
+              int64_t out_stride) {
+  const auto* weights = static_cast<const uint8_t*>(w);
+  const auto* acts = static_cast<const uint8_t*>(a);
+  for (int64_t t = 0; t < count; ++t) _mm256_storeu_ps(out + t * out_stride, _mm256_setzero_ps());
+  TileBlock<kSubBlockElements> tile;
+  for (int64_t b = 0; b < n / kSuperBlock; ++b) {
+    unpack(weights, row_bytes, b, tile);
+    int64_t t = 0;
+    for (; t + 8 <= count; t += 8)
+      accumulate_tile<kSubBlockElements, 8>(tile, acts + t * stride, stride, b, out + t * out_stride, out_stride);
+    for (; t + 4 <= count; t += 4)
+      accumulate_tile<kSubBlockElements, 4>(tile, acts + t * stride, stride, b, out + t * out_stride, out_stride);
+    for (; t < count; ++t)
+      accumulate_tile<kSubBlockElements, 1>(tile, acts + t * stride, stride, b, out + t * out_stride, out_stride);
+  }
+}
+
+constexpr VecDotTileFn kQ4KTile = dot_tile<32, unpack_tile<BlockQ4_K>>;
+constexpr VecDotTileFn kQ5KTile = dot_tile<32, unpack_tile<BlockQ5_K>>;
+constexpr VecDotTileFn kQ6KTile = dot_tile<16, unpack_tile_q6_k>;
+#else
+constexpr VecDotTileFn kQ4KTile = nullptr;
+constexpr VecDotTileFn kQ5KTile = nullptr;
+constexpr VecDotTileFn kQ6KTile = nullptr;
+#endif
 
 float dot_iq4_xs(const void* w, const void* a, int64_t n) {
   const auto* weights = static_cast<const BlockIQ4_XS*>(w);
@@ -482,35 +703,36 @@ struct KernelEntry {
   TensorType type;
   VecDotFn kernel;
   VecDotRowsFn rows;
+  VecDotTileFn tile;
 };
 template <typename Kernel>
-constexpr KernelEntry multi_row(TensorType type) {
-  return {type, dot_one_row<Kernel>, dot_rows<Kernel>};
+constexpr KernelEntry multi_row(TensorType type, VecDotTileFn tile = nullptr) {
+  return {type, dot_one_row<Kernel>, dot_rows<Kernel>, tile};
 }
 constexpr KernelEntry kKernels[] = {
-    {TensorType::F32, dot_float<TensorType::F32>, nullptr},
-    {TensorType::F16, dot_float<TensorType::F16>, nullptr},
-    {TensorType::BF16, dot_float<TensorType::BF16>, nullptr},
+    {TensorType::F32, dot_float<TensorType::F32>, nullptr, nullptr},
+    {TensorType::F16, dot_float<TensorType::F16>, nullptr, nullptr},
+    {TensorType::BF16, dot_float<TensorType::BF16>, nullptr, nullptr},
     multi_row<Symmetric<BlockQ4_0>>(TensorType::Q4_0),
-    {TensorType::Q4_1, dot_with_min<BlockQ4_1>, nullptr},
+    {TensorType::Q4_1, dot_with_min<BlockQ4_1>, nullptr, nullptr},
     multi_row<Symmetric<BlockQ5_0>>(TensorType::Q5_0),
-    {TensorType::Q5_1, dot_with_min<BlockQ5_1>, nullptr},
+    {TensorType::Q5_1, dot_with_min<BlockQ5_1>, nullptr, nullptr},
     multi_row<Symmetric<BlockQ8_0>>(TensorType::Q8_0),
     multi_row<Symmetric<BlockIQ4_NL>>(TensorType::IQ4_NL),
-    {TensorType::Q2_K, dot_q2_k, nullptr},
-    {TensorType::Q3_K, dot_q3_k, nullptr},
-    multi_row<ScaleMin<BlockQ4_K>>(TensorType::Q4_K),
-    multi_row<ScaleMin<BlockQ5_K>>(TensorType::Q5_K),
-    multi_row<Q6K>(TensorType::Q6_K),
-    {TensorType::IQ4_XS, dot_iq4_xs, nullptr},
+    {TensorType::Q2_K, dot_q2_k, nullptr, nullptr},
+    {TensorType::Q3_K, dot_q3_k, nullptr, nullptr},
+    multi_row<ScaleMin<BlockQ4_K>>(TensorType::Q4_K, kQ4KTile),
+    multi_row<ScaleMin<BlockQ5_K>>(TensorType::Q5_K, kQ5KTile),
+    multi_row<Q6K>(TensorType::Q6_K, kQ6KTile),
+    {TensorType::IQ4_XS, dot_iq4_xs, nullptr, nullptr},
 };
 
 }  // namespace
 
 NamedKernel x86_vec_dot_kernel(TensorType weight_type) {
   for (const KernelEntry& e : kKernels)
-    if (e.type == weight_type) return {e.kernel, e.rows, kKernelName};
-  return {nullptr, nullptr, ""};
+    if (e.type == weight_type) return {e.kernel, e.rows, e.tile, kKernelName};
+  return {nullptr, nullptr, nullptr, ""};
 }
 
 }  // namespace rf::cpu
@@ -519,7 +741,7 @@ NamedKernel x86_vec_dot_kernel(TensorType weight_type) {
 
 namespace rf::cpu {
 
-NamedKernel x86_vec_dot_kernel(TensorType) { return {nullptr, nullptr, ""}; }
+NamedKernel x86_vec_dot_kernel(TensorType) { return {nullptr, nullptr, nullptr, ""}; }
 
 }  // namespace rf::cpu
 #endif
