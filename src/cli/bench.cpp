@@ -1,6 +1,8 @@
-// rocmforge bench -m MODEL [-p 512] [-n 128] [-r 3] [--json] [--gpu]: prompt processing (ppN: N random tokens in one
-// batch) and text generation (tgN: N tokens one at a time) speeds as llama-bench measures them, plus how long
-// the model takes to load and the memory bandwidth decoding achieves on the weights.
+// rocmforge bench -m MODEL [-p 512] [-n 128] [-r 3] [--json] [--device cpu|gpu|auto]: prompt processing (ppN:
+// N random tokens in one batch) and text generation (tgN: N tokens one at a time) speeds as llama-bench
+// measures them, plus how long the model takes to load and the memory bandwidth decoding achieves on the
+// weights.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -18,7 +20,6 @@
 #include "util/error.h"
 #if ROCMFORGE_HAVE_GPU
 #include "backend/gpu/runtime.h"
-#include "backend/gpu/transformer.h"
 #endif
 
 namespace rf::cli {
@@ -31,9 +32,9 @@ struct BenchOptions {
   int64_t prompt_tokens = 512;
   int64_t generated_tokens = 128;
   int repetitions = 3;
-  int threads = 0;
   bool json = false;
-  bool gpu = false;
+  // On the CPU unless told otherwise, so that a table says which backend it measures by what was asked.
+  engine::EngineOptions engine{.device = engine::Device::Cpu};
 };
 
 struct TestResult {
@@ -44,11 +45,18 @@ struct TestResult {
   bool generation = false;
 };
 
+// Milliseconds from process start until the model was open, ready and had computed its first token, and
+// how fast its weights came from the file (GPU: to the device; 0 where they are mapped on first use).
 struct LoadTimes {
   double open_ms = 0.0;
   double ready_ms = 0.0;
   double first_token_ms = 0.0;
+  double gb_per_s = 0.0;
 };
+
+// Process start as this file's static initialization sees it: after the dynamic loader, a few milliseconds
+// after exec.
+const std::chrono::steady_clock::time_point process_start = std::chrono::steady_clock::now();
 
 double milliseconds_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -77,10 +85,8 @@ class TokenSource {
   std::uniform_int_distribution<int32_t> pick_;
 };
 
-// Seconds to evaluate n random tokens as one batch from an empty cache. `engine` is an engine::Engine or
-// a GpuEngine.
-template <typename Engine>
-double time_prompt(Engine& engine, TokenSource& source, int64_t n) {
+// Seconds to evaluate n random tokens as one batch from an empty cache.
+double time_prompt(engine::Engine& engine, TokenSource& source, int64_t n) {
   std::vector<int32_t> tokens{source.first()};
   while (static_cast<int64_t>(tokens.size()) < n) tokens.push_back(source.next());
   engine.reset();
@@ -90,8 +96,7 @@ double time_prompt(Engine& engine, TokenSource& source, int64_t n) {
 }
 
 // Seconds to decode n random tokens one at a time from an empty cache.
-template <typename Engine>
-double time_generation(Engine& engine, TokenSource& source, int64_t n) {
+double time_generation(engine::Engine& engine, TokenSource& source, int64_t n) {
   engine.reset();
   int32_t token = source.first();
   const Clock::time_point start = Clock::now();
@@ -141,16 +146,19 @@ std::string model_description(const gguf::File& file) {
 
 void print_table(const std::string& model, uint64_t size, uint64_t params, const std::string& backend, int threads,
                  const std::vector<TestResult>& results, const LoadTimes& load, uint64_t bytes_per_token) {
-  fmt::print("| {:<24} | {:>10} | {:>10} | {:<7} | {:>7} | {:>6} | {:>16} | {:>6} |\n", "model", "size", "params",
-             "backend", "threads", "test", "t/s", "GB/s");
-  fmt::print("| {:-<24} | {:->9}: | {:->9}: | {:-<7} | {:->6}: | {:->5}: | {:->15}: | {:->5}: |\n", "", "", "", "", "",
-             "", "", "");
+  // The backend column is as wide as its name ("CPU", "NVIDIA H200", ...).
+  const size_t backend_width = std::max<size_t>(7, backend.size());
+  fmt::print("| {:<24} | {:>10} | {:>10} | {:<{}} | {:>7} | {:>6} | {:>16} | {:>6} |\n", "model", "size", "params",
+             "backend", backend_width, "threads", "test", "t/s", "GB/s");
+  fmt::print("| {:-<24} | {:->9}: | {:->9}: | {:-<{}} | {:->6}: | {:->5}: | {:->15}: | {:->5}: |\n", "", "", "", "",
+             backend_width, "", "", "", "");
   for (const TestResult& r : results)
-    fmt::print("| {:<24} | {:>10} | {:>10} | {:<7} | {:>7} | {:>6} | {:>16} | {:>6} |\n", model, size_text(size),
-               count_text(params), backend, threads, r.name, fmt::format("{:.2f} ± {:.2f}", r.tokens_per_s, r.std),
-               r.generation ? fmt::format("{:.2f}", r.gbps) : "");
-  fmt::print("\nload: open {:.1f} ms, ready {:.1f} ms, first token {:.1f} ms\n", load.open_ms, load.ready_ms,
-             load.first_token_ms);
+    fmt::print("| {:<24} | {:>10} | {:>10} | {:<{}} | {:>7} | {:>6} | {:>16} | {:>6} |\n", model, size_text(size),
+               count_text(params), backend, backend_width, threads, r.name,
+               fmt::format("{:.2f} ± {:.2f}", r.tokens_per_s, r.std), r.generation ? fmt::format("{:.2f}", r.gbps) : "");
+  fmt::print("\nfrom process start: open {:.1f} ms, ready {:.1f} ms, first token {:.1f} ms\n", load.open_ms,
+             load.ready_ms, load.first_token_ms);
+  if (load.gb_per_s > 0) fmt::print("weights loaded at {:.1f} GB/s (file to device)\n", load.gb_per_s);
   fmt::print("decode reads {} of weights per token\n", size_text(bytes_per_token));
 }
 
@@ -169,44 +177,14 @@ void print_json(const std::string& model, uint64_t size, uint64_t params, const 
       {"backend", backend},
       {"threads", threads},
       {"tests", tests},
-      {"load", {{"open_ms", load.open_ms}, {"ready_ms", load.ready_ms}, {"first_token_ms", load.first_token_ms}}},
+      {"load",
+       {{"open_ms", load.open_ms},
+        {"ready_ms", load.ready_ms},
+        {"first_token_ms", load.first_token_ms},
+        {"gb_per_s", load.gb_per_s}}},
   };
   fmt::print("{}\n", out.dump(2));
 }
-
-#if ROCMFORGE_HAVE_GPU
-// The engine calls a benchmark makes, on the GPU forward pass (engine::Engine runs the CPU's): the same file,
-// plan and tokenizer, weights in device memory.
-class GpuEngine {
- public:
-  GpuEngine(const std::string& model_path, int64_t context) {
-    const Clock::time_point start = Clock::now();
-    file_ = gguf::File::open(model_path);
-    plan_ = std::make_unique<model::ExecutionPlan>(model::ExecutionPlan::build(file_, gpu::make_residency()));
-    tokenizer_ = std::make_unique<Tokenizer>(*file_);
-    open_ms_ = milliseconds_since(start);
-    plan_->preload_all();
-    transformer_ = std::make_unique<gpu::Transformer>(*plan_, gpu::TransformerOptions{.context = context});
-    ready_ms_ = milliseconds_since(start);
-  }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
-  const model::ExecutionPlan& plan() const { return *plan_; }
-  const gguf::File& file() const { return *file_; }
-  double open_ms() const { return open_ms_; }
-  double ready_ms() const { return ready_ms_; }
-  void reset() { transformer_->truncate(0); }
-  void evaluate(std::span<const int32_t> tokens) { transformer_->forward(tokens, 0); }
-  void append(int32_t token) { transformer_->forward({&token, 1}, transformer_->cached()); }
-
- private:
-  std::shared_ptr<const gguf::File> file_;
-  std::unique_ptr<model::ExecutionPlan> plan_;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<gpu::Transformer> transformer_;
-  double open_ms_ = 0.0;
-  double ready_ms_ = 0.0;
-};
-#endif
 
 // Both tests start from an empty cache, so the context only needs the longer of them.
 int64_t bench_context(const BenchOptions& options) {
@@ -214,13 +192,15 @@ int64_t bench_context(const BenchOptions& options) {
 }
 
 // `start`: when the engine's construction began, for the load times.
-template <typename Engine>
-void run_benchmarks(Engine& engine, const BenchOptions& options, Clock::time_point start, const std::string& backend,
-                    int threads) {
-  LoadTimes load{engine.open_ms(), engine.ready_ms(), 0.0};
+void run_benchmarks(engine::Engine& engine, const BenchOptions& options, Clock::time_point start) {
+  const std::string& backend = engine.device_name();
+  const int threads = engine.threads();
+  const double start_ms = std::chrono::duration<double, std::milli>(start - process_start).count();
+  LoadTimes load{start_ms + engine.open_ms(), start_ms + engine.ready_ms()};
   TokenSource source(engine.tokenizer());
   engine.append(source.first());
-  load.first_token_ms = milliseconds_since(start);
+  load.first_token_ms = milliseconds_since(process_start);
+  load.gb_per_s = engine.plan().loading_stats().gb_per_second();
 
   std::vector<TestResult> results;
   if (options.prompt_tokens > 0)
@@ -247,23 +227,15 @@ void bench(const BenchOptions& options) {
   if (options.prompt_tokens < 0 || options.generated_tokens < 0) fail("-p and -n must not be negative");
   if (options.repetitions < 1) fail("-r must be at least 1, got {}", options.repetitions);
   const Clock::time_point start = Clock::now();
-  if (options.gpu) {
-#if ROCMFORGE_HAVE_GPU
-    if (!gpu::device_available()) fail("--gpu: no GPU is available");
-    GpuEngine engine(options.model, bench_context(options));
-    run_benchmarks(engine, options, start, gpu::device_info().name, 1);
-    // The bound decoding approaches: streaming the weights once per token at the device's copy bandwidth.
-    if (!options.json) fmt::print("device-to-device copy bandwidth {:.0f} GB/s\n", gpu::measure_copy_bandwidth());
-    return;
-#else
-    fail("--gpu: this build has no GPU backend (configure with ROCMFORGE_GPU=cuda or hip)");
-#endif
-  }
-  engine::EngineOptions engine_options;
-  engine_options.threads = options.threads;
+  engine::EngineOptions engine_options = options.engine;
   engine_options.context = bench_context(options);
   engine::Engine engine(options.model, engine_options);
-  run_benchmarks(engine, options, start, "CPU", engine.threads());
+  run_benchmarks(engine, options, start);
+#if ROCMFORGE_HAVE_GPU
+  // The bound decoding approaches: streaming the weights once per token at the device's copy bandwidth.
+  if (engine.device() == engine::Device::Gpu && !options.json)
+    fmt::print("device-to-device copy bandwidth {:.0f} GB/s\n", gpu::measure_copy_bandwidth());
+#endif
 }
 
 }  // namespace
@@ -277,10 +249,10 @@ void add_bench_command(CLI::App& app) {
   command->add_option("-n,--n-gen", options->generated_tokens, "Generated tokens per tgN run (0: skip)")
       ->capture_default_str();
   command->add_option("-r,--repetitions", options->repetitions, "Timed runs per test")->capture_default_str();
-  command->add_option("-t,--threads", options->threads, "Threads (0: one per physical core)")
+  command->add_option("-t,--threads", options->engine.threads, "Threads (0: one per physical core)")
       ->check(CLI::NonNegativeNumber);
   command->add_flag("--json", options->json, "Print one JSON object instead of the table");
-  command->add_flag("--gpu", options->gpu, "Run on the GPU backend");
+  add_device_options(*command, options->engine.device);
   command->callback([options] { bench(*options); });
 }
 

@@ -46,8 +46,8 @@ void chat(const ChatOptions& options) {
 
   const bool interactive = isatty(STDIN_FILENO) != 0;
   if (interactive)
-    fmt::print(stderr, "chat with {} ({} template, context {}); end with Ctrl-D\n", options.model,
-               chat_template_name(chat_template), engine.context());
+    fmt::print(stderr, "chat with {} ({} template, context {}, {}); end with Ctrl-D\n", options.model,
+               chat_template_name(chat_template), engine.context(), backend_text(engine));
   std::string line;
   while (true) {
     if (interactive) fmt::print("> ");

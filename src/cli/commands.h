@@ -8,8 +8,10 @@ class App;
 }
 
 namespace rf::engine {
+enum class Device;
 struct EngineOptions;
 struct GenerationParams;
+class Engine;
 }  // namespace rf::engine
 
 namespace rf::cli {
@@ -24,8 +26,16 @@ void add_perplexity_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 
-// The options `run` and `chat` share: context size, threads, token limit and sampling (defaults as llama.cpp's).
+// The options `run` and `chat` share: device, context size, threads, token limit and sampling (defaults as
+// llama.cpp's).
 void add_generation_options(CLI::App& command, engine::EngineOptions& engine, engine::GenerationParams& generation);
+
+// `--device auto|cpu|gpu` and its synonym `--gpu`, which every command running a model takes; `device`'s value
+// now is the default --help shows.
+void add_device_options(CLI::App& command, engine::Device& device);
+
+// Where the engine runs, for a line on stderr: "CPU (4 threads)" or "GPU (NVIDIA H200)".
+std::string backend_text(const engine::Engine& engine);
 
 // The whole content of a text file, bytes as they are (`tokenize -f`, `perplexity -f`); an rf::Error when it
 // cannot be read.

@@ -1,8 +1,8 @@
-// rocmforge perplexity -m MODEL -f TEXT -c CTX [--chunks N]: how well a model predicts a text, by llama.cpp's
-// method (tools/perplexity), so the numbers compare with llama-perplexity's. The whole text is tokenized
-// once (with BOS when the model adds one) and cut into chunks of CTX tokens; each chunk is evaluated from an
-// empty cache in one pass with its first token replaced by BOS, and only the second half of each chunk is
-// scored, so every scored token has at least CTX/2 tokens of context.
+// rocmforge perplexity -m MODEL -f TEXT -c CTX [--chunks N] [--device auto|cpu|gpu]: how well a model
+// predicts a text, by llama.cpp's method (tools/perplexity), so the numbers compare with llama-perplexity's.
+// The whole text is tokenized once (with BOS when the model adds one) and cut into chunks of CTX tokens; each
+// chunk is evaluated from an empty cache in one pass with its first token replaced by BOS, and only the
+// second half of each chunk is scored, so every scored token has at least CTX/2 tokens of context.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,9 +25,8 @@ namespace {
 struct PerplexityOptions {
   std::string model;
   std::string file;
-  int64_t context = 512;
   int64_t chunks = -1;  // -1: all
-  int threads = 0;
+  engine::EngineOptions engine{.context = 512};  // tokens per chunk
 };
 
 // -log softmax(logits)[token], with llama.cpp's rounding: exponentials in float, their sum in double.
@@ -40,11 +39,9 @@ double negative_log_likelihood(std::span<const float> logits, int32_t token) {
 }
 
 void perplexity(const PerplexityOptions& options) {
-  if (options.context < 4) fail("perplexity needs a context of at least 4 tokens, got {}", options.context);
-  engine::EngineOptions engine_options;
-  engine_options.context = options.context;
-  engine_options.threads = options.threads;
-  engine::Engine engine(options.model, engine_options);
+  const int64_t n_ctx = options.engine.context;
+  if (n_ctx < 4) fail("perplexity needs a context of at least 4 tokens, got {}", n_ctx);
+  engine::Engine engine(options.model, options.engine);
   const Tokenizer& tokenizer = engine.tokenizer();
 
   // As llama.cpp's -f: the file without one trailing newline.
@@ -52,15 +49,13 @@ void perplexity(const PerplexityOptions& options) {
   if (!text.empty() && text.back() == '\n') text.pop_back();
   const std::vector<int32_t> tokens = tokenizer.encode(text, true, false);
 
-  const int64_t n_ctx = options.context;
   const auto n_tokens = static_cast<int64_t>(tokens.size());
   if (n_tokens < 2 * n_ctx)
     fail("'{}' gives {} tokens; a context of {} needs at least {}", options.file, n_tokens, n_ctx, 2 * n_ctx);
   const int64_t n_chunks = options.chunks < 0 ? n_tokens / n_ctx : std::min(options.chunks, n_tokens / n_ctx);
   const int64_t first = n_ctx / 2;
   const int64_t n_vocab = engine.config().vocab_size;
-  fmt::print(stderr, "perplexity: {} tokens, {} chunks of {}, {} threads\n", n_tokens, n_chunks, n_ctx,
-             engine.threads());
+  fmt::print(stderr, "perplexity: {} tokens, {} chunks of {}, {}\n", n_tokens, n_chunks, n_ctx, backend_text(engine));
 
   double nll = 0.0;   // sum of negative log-likelihoods
   double nll2 = 0.0;  // sum of their squares
@@ -102,10 +97,11 @@ void add_perplexity_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand("perplexity", "Perplexity of a model over a text file (llama.cpp's method)");
   command->add_option("-m,--model", options->model, "GGUF model file")->required();
   command->add_option("-f,--file", options->file, "Text file (e.g. wiki.test.raw)")->required();
-  command->add_option("-c,--ctx", options->context, "Tokens per chunk")->capture_default_str();
+  command->add_option("-c,--ctx", options->engine.context, "Tokens per chunk")->capture_default_str();
   command->add_option("--chunks", options->chunks, "Chunks to evaluate at most (-1: all)")->capture_default_str();
-  command->add_option("-t,--threads", options->threads, "Threads (0: one per physical core)")
+  command->add_option("-t,--threads", options->engine.threads, "Threads (0: one per physical core)")
       ->check(CLI::NonNegativeNumber);
+  add_device_options(*command, options->engine.device);
   command->callback([options] { perplexity(*options); });
 }
 

@@ -1,6 +1,8 @@
-// rocmforge run -m MODEL -p PROMPT [-n N] [sampling options]: continues a prompt, streaming the text to stdout
-// as it is generated; load time and prompt and decode speeds go to stderr.
+// rocmforge run -m MODEL -p PROMPT [-n N] [--device auto|cpu|gpu] [sampling options]: continues a prompt,
+// streaming the text to stdout as it is generated; the backend, load time and prompt and decode speeds go to
+// stderr.
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -32,6 +34,7 @@ void run(const RunOptions& options) {
   const std::vector<int32_t> prompt = tokenizer.encode(options.prompt, true, false);
   engine.require_fits(static_cast<int64_t>(prompt.size()));
 
+  fmt::print(stderr, "backend: {}\n", backend_text(engine));
   print_text(options.prompt);
   Detokenizer detokenizer(tokenizer);
   const engine::Generation generation = engine.generate(prompt, options.generation, [&](int32_t token) {
@@ -52,10 +55,34 @@ void run(const RunOptions& options) {
 
 }  // namespace
 
+void add_device_options(CLI::App& command, engine::Device& device) {
+  static const std::map<std::string, engine::Device> kDevices = {
+      {"auto", engine::Device::Auto}, {"cpu", engine::Device::Cpu}, {"gpu", engine::Device::Gpu}};
+  std::string default_name;
+  for (const auto& [name, value] : kDevices)
+    if (value == device) default_name = name;
+  CLI::Option* option =
+      command
+          .add_option_function<std::string>(
+              "--device", [&device](const std::string& name) { device = kDevices.at(name); },
+              "Where the model runs: auto (the GPU when there is one), cpu or gpu")
+          ->transform(CLI::IsMember(kDevices, CLI::ignore_case).description(""))
+          ->type_name("auto|cpu|gpu")
+          ->default_str(default_name);
+  command.add_flag_callback("--gpu", [&device] { device = engine::Device::Gpu; }, "Same as --device gpu")
+      ->excludes(option);
+}
+
+std::string backend_text(const engine::Engine& engine) {
+  if (engine.device() == engine::Device::Gpu) return fmt::format("GPU ({})", engine.device_name());
+  return fmt::format("CPU ({} threads)", engine.threads());
+}
+
 void add_generation_options(CLI::App& command, engine::EngineOptions& engine, engine::GenerationParams& generation) {
   sampling::SamplingParams& sampling = generation.sampling;
   // A random seed unless one is given, as llama.cpp; --seed makes a run repeatable.
   sampling.seed = std::random_device{}();
+  add_device_options(command, engine.device);
   command.add_option("-n,--n-predict", generation.max_tokens, "Tokens to generate at most (-1: until the context is full)")
       ->capture_default_str();
   command.add_option("-c,--ctx", engine.context, "Context size in tokens (0: the model's, capped to a quarter of RAM)")

@@ -4,11 +4,30 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <utility>
 
 #include "backend/cpu/residency.h"
+#include "backend/cpu/transformer.h"
 #include "util/error.h"
+#if ROCMFORGE_HAVE_GPU
+#include "backend/gpu/runtime.h"
+#include "backend/gpu/transformer.h"
+#endif
 
 namespace rf::engine {
+
+// What the engine asks of a forward pass. cpu::Transformer and gpu::Transformer share one interface, so one
+// adapter (TransformerBackend) serves both.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // As Transformer::forward; `all_logits`: the logits of every token, else of the last.
+  virtual std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, bool all_logits) = 0;
+  virtual void truncate(int64_t positions) = 0;
+  virtual int64_t context() const = 0;
+};
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -21,6 +40,47 @@ uint64_t physical_memory_bytes() {
   return pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : 0;
 }
 
+// `Logits` is the backend's enum of which logits forward() returns.
+template <typename Transformer, typename Logits, typename Options>
+class TransformerBackend final : public Backend {
+ public:
+  TransformerBackend(const model::ExecutionPlan& plan, const Options& options) : transformer_(plan, options) {}
+  std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, bool all_logits) override {
+    return transformer_.forward(tokens, position, all_logits ? Logits::All : Logits::Last);
+  }
+  void truncate(int64_t positions) override { transformer_.truncate(positions); }
+  int64_t context() const override { return transformer_.context(); }
+  Transformer& transformer() { return transformer_; }
+
+ private:
+  Transformer transformer_;
+};
+
+using CpuBackend = TransformerBackend<cpu::Transformer, cpu::Logits, cpu::TransformerOptions>;
+#if ROCMFORGE_HAVE_GPU
+using GpuBackend = TransformerBackend<gpu::Transformer, gpu::Logits, gpu::TransformerOptions>;
+#endif
+
+// Cpu or Gpu: what `asked` means on this build and machine.
+Device resolve_device(Device asked) {
+  if (asked == Device::Cpu) return Device::Cpu;
+  if (gpu_available()) return Device::Gpu;
+  if (asked == Device::Auto) return Device::Cpu;
+#if ROCMFORGE_HAVE_GPU
+  fail("the GPU was asked for, but none is available (no device or no driver)");
+#else
+  fail("the GPU was asked for, but this build has no GPU backend (configure with ROCMFORGE_GPU=cuda or hip)");
+#endif
+}
+
+// Where the plan's weights live: mapped from the file for the CPU, uploaded to device memory for the GPU.
+std::shared_ptr<model::Residency> residency_for(Device device) {
+#if ROCMFORGE_HAVE_GPU
+  if (device == Device::Gpu) return gpu::make_residency();
+#endif
+  return std::make_shared<cpu::MappedResidency>();
+}
+
 }  // namespace
 
 int64_t default_context(const model::ModelConfig& config) {
@@ -31,31 +91,65 @@ int64_t default_context(const model::ModelConfig& config) {
   return std::max<int64_t>(1, std::min(config.context_length, fitting));
 }
 
-Engine::Engine(const std::string& model_path, const EngineOptions& options) {
+bool gpu_available() {
+#if ROCMFORGE_HAVE_GPU
+  return gpu::device_available();
+#else
+  return false;
+#endif
+}
+
+Engine::Engine(const std::string& model_path, const EngineOptions& options)
+    : device_(resolve_device(options.device)) {
   const Clock::time_point start = Clock::now();
   file_ = gguf::File::open(model_path);
-  plan_ = std::make_unique<model::ExecutionPlan>(
-      model::ExecutionPlan::build(file_, std::make_shared<cpu::MappedResidency>()));
+  load(options, start);
+}
+
+Engine::Engine(std::shared_ptr<const gguf::File> file, const EngineOptions& options)
+    : device_(resolve_device(options.device)), file_(std::move(file)) {
+  load(options, Clock::now());
+}
+
+Engine::~Engine() = default;
+
+void Engine::load(const EngineOptions& options, Clock::time_point start) {
+  plan_ = std::make_unique<model::ExecutionPlan>(model::ExecutionPlan::build(file_, residency_for(device_)));
   tokenizer_ = std::make_unique<Tokenizer>(*file_);
   open_ms_ = seconds_since(start) * 1e3;
 
-  plan_->preload_all();
-  cpu::TransformerOptions transformer_options;
-  transformer_options.threads = options.threads;
-  transformer_options.context = options.context > 0 ? options.context : default_context(plan_->config());
-  transformer_ = std::make_unique<cpu::Transformer>(*plan_, transformer_options);
+#if ROCMFORGE_HAVE_GPU
+  // The GPU transformer checks that weights, KV cache and activations fit before anything is uploaded, then
+  // streams the weights in while the first tokens are computed (each layer waits for its own).
+  if (device_ == Device::Gpu) {
+    backend_ = std::make_unique<GpuBackend>(*plan_, gpu::TransformerOptions{.context = options.context});
+    device_name_ = gpu::device_info().name;
+  }
+#endif
+  if (device_ == Device::Cpu) {
+    plan_->preload_all();
+    cpu::TransformerOptions transformer_options;
+    transformer_options.threads = options.threads;
+    transformer_options.context = options.context > 0 ? options.context : default_context(plan_->config());
+    auto cpu_backend = std::make_unique<CpuBackend>(*plan_, transformer_options);
+    threads_ = cpu_backend->transformer().pool().size();
+    backend_ = std::move(cpu_backend);
+    device_name_ = "CPU";
+  }
   ready_ms_ = seconds_since(start) * 1e3;
 }
+
+int64_t Engine::context() const { return backend_->context(); }
 
 void Engine::require_fits(int64_t tokens) const {
   if (tokens > context()) fail("prompt of {} tokens does not fit the context of {}", tokens, context());
 }
 
-std::span<const float> Engine::extend(int64_t keep, std::span<const int32_t> tokens, cpu::Logits which) {
+std::span<const float> Engine::extend(int64_t keep, std::span<const int32_t> tokens, bool all_logits) {
   require_fits(keep + static_cast<int64_t>(tokens.size()));
   // Forget what the pass overwrites before it runs, so that a failed pass leaves the record true.
   cached_.resize(static_cast<size_t>(keep));
-  const std::span<const float> logits = transformer_->forward(tokens, keep, which);
+  const std::span<const float> logits = backend_->forward(tokens, keep, all_logits);
   cached_.insert(cached_.end(), tokens.begin(), tokens.end());
   last_evaluated_ = static_cast<int64_t>(tokens.size());
   return logits;
@@ -66,20 +160,20 @@ std::span<const float> Engine::evaluate(std::span<const int32_t> tokens) {
   const auto mismatch = std::mismatch(cached_.begin(), cached_.end(), tokens.begin(), tokens.end());
   // The last token is evaluated again even when cached: its logits are what the caller wants.
   const auto common = std::min<int64_t>(mismatch.first - cached_.begin(), static_cast<int64_t>(tokens.size()) - 1);
-  return extend(common, tokens.subspan(static_cast<size_t>(common)), cpu::Logits::Last);
+  return extend(common, tokens.subspan(static_cast<size_t>(common)), false);
 }
 
 std::span<const float> Engine::evaluate_all(std::span<const int32_t> tokens) {
   if (tokens.empty()) fail("nothing to evaluate: no tokens");
-  return extend(0, tokens, cpu::Logits::All);
+  return extend(0, tokens, true);
 }
 
 std::span<const float> Engine::append(int32_t token) {
-  return extend(static_cast<int64_t>(cached_.size()), {&token, 1}, cpu::Logits::Last);
+  return extend(static_cast<int64_t>(cached_.size()), {&token, 1}, false);
 }
 
 void Engine::reset() {
-  transformer_->truncate(0);
+  backend_->truncate(0);
   cached_.clear();
 }
 

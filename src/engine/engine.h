@@ -1,7 +1,10 @@
-// A model ready to generate text: the GGUF file, its execution plan, the CPU forward pass with its KV cache,
-// and the tokenizer. The engine remembers which tokens its KV cache holds, so a prompt that starts like the
-// previous one (the next turn of a chat, a prompt continued) evaluates only the tokens that differ.
+// A model ready to generate text: the GGUF file, its execution plan, the forward pass with its KV cache on
+// the CPU or the GPU, and the tokenizer. The engine remembers which tokens its KV cache holds, so a prompt
+// that starts like the previous one (the next turn of a chat, a prompt continued) evaluates only the tokens
+// that differ. Everything above the forward pass (prefix reuse, generation, context checks) is the same code
+// for both backends.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -9,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/transformer.h"
 #include "gguf/gguf.h"
 #include "model/execution_plan.h"
 #include "sampling/sampler.h"
@@ -17,9 +19,17 @@
 
 namespace rf::engine {
 
+// Where the forward pass runs.
+enum class Device {
+  Auto,  // the GPU when the build has a GPU backend and a device is present, else the CPU
+  Cpu,
+  Gpu,
+};
+
 struct EngineOptions {
-  int threads = 0;      // 0: physical cores
-  int64_t context = 0;  // positions the KV cache holds; 0: default_context()
+  Device device = Device::Auto;
+  int threads = 0;      // CPU threads; 0: physical cores
+  int64_t context = 0;  // positions the KV cache holds; 0: default_context() on the CPU, the GPU backend's default
 };
 
 struct GenerationParams {
@@ -53,20 +63,39 @@ using TokenCallback = std::function<bool(int32_t token)>;
 // The model's context length, capped so that an F16 KV cache takes at most a quarter of physical memory.
 int64_t default_context(const model::ModelConfig& config);
 
+// Whether this build has a GPU backend and a GPU is present (what Device::Auto picks the GPU on).
+bool gpu_available();
+
+// The forward pass of one backend, as the engine uses it (defined in engine.cpp).
+class Backend;
+
 class Engine {
  public:
   // Opens the file and checks everything a forward pass needs (an unsupported architecture or tensor type, a
-  // missing tensor, a vocabulary-only file are rf::Errors naming what is wrong), then maps every weight.
+  // missing tensor, a vocabulary-only file are rf::Errors naming what is wrong), then maps every weight (CPU)
+  // or starts streaming them to the device (GPU; a model that does not fit device memory is an rf::Error).
+  // Device::Gpu where there is none is an rf::Error saying why.
   explicit Engine(const std::string& model_path, const EngineOptions& options = {});
+  // The same on a file already open.
+  explicit Engine(std::shared_ptr<const gguf::File> file, const EngineOptions& options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const model::ModelConfig& config() const { return plan_->config(); }
   const model::ExecutionPlan& plan() const { return *plan_; }
   const gguf::File& file() const { return *file_; }
-  int64_t context() const { return transformer_->context(); }
-  int threads() { return transformer_->pool().size(); }
+  int64_t context() const;
+  // Where the forward pass runs (Cpu or Gpu, never Auto), and its name: "CPU" or the GPU's, e.g. "NVIDIA H200".
+  Device device() const { return device_; }
+  const std::string& device_name() const { return device_name_; }
+  // CPU threads running the forward pass; 1 on the GPU (the thread that launches its kernels).
+  int threads() const { return threads_; }
   // Milliseconds from the start of the constructor until the file was parsed and checked (open) and until
-  // every weight was mapped and the KV cache allocated (ready).
+  // the forward pass could start (ready): on the CPU every weight mapped and the KV cache allocated; on the
+  // GPU the model checked to fit and the KV cache allocated, with the weights still streaming in (the forward
+  // pass waits for each layer's). A file passed in open was parsed before: its time is not counted.
   double open_ms() const { return open_ms_; }
   double ready_ms() const { return ready_ms_; }
 
@@ -95,14 +124,21 @@ class Engine {
   Generation generate(std::span<const int32_t> prompt, const GenerationParams& params, const TokenCallback& on_token);
 
  private:
+  // Builds the plan on the device's residency, the tokenizer and the forward pass; `start`: when construction
+  // began, for open_ms() and ready_ms().
+  void load(const EngineOptions& options, std::chrono::steady_clock::time_point start);
   // Drops every cached position from `keep` on (keep <= cached), then evaluates `tokens` at positions keep,
   // keep + 1, ... A total longer than the context is an rf::Error.
-  std::span<const float> extend(int64_t keep, std::span<const int32_t> tokens, cpu::Logits which);
+  // `all_logits`: the logits of every token, else of the last.
+  std::span<const float> extend(int64_t keep, std::span<const int32_t> tokens, bool all_logits);
 
+  Device device_;
+  std::string device_name_;
+  int threads_ = 1;
   std::shared_ptr<const gguf::File> file_;
   std::unique_ptr<model::ExecutionPlan> plan_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<cpu::Transformer> transformer_;
+  std::unique_ptr<Backend> backend_;
   std::vector<int32_t> cached_;
   int64_t last_evaluated_ = 0;
   double open_ms_ = 0.0;

@@ -91,6 +91,12 @@ StreamingLoader::StreamingLoader(std::shared_ptr<const gguf::File> file, std::ve
     state.shared_from = std::move(shared_from[g]);
   }
   chunks_not_dispatched_ = plan_.chunks.size();
+  if (!options_.progress_label.empty()) {
+    uint64_t total = 0;
+    for (const PlannedChunk& chunk : plan_.chunks)
+      for (const Piece& piece : chunk.pieces) total += piece.bytes;
+    progress_ = std::make_unique<Progress>(options_.progress_label, total, kProgressDelay);
+  }
   staging_.resize(std::min(options_.staging_buffers, plan_.chunks.size()));
   buffer_consumed_.resize(staging_.size());
 
@@ -333,10 +339,13 @@ void StreamingLoader::consumer_loop() {
 
 void StreamingLoader::count_consumed(const Dispatch& dispatch) {
   const PlannedChunk& chunk = plan_.chunks[dispatch.chunk];
+  uint64_t bytes = 0;
   for (const Piece& piece : chunk.pieces) {
-    counts_.bytes += piece.bytes;
+    bytes += piece.bytes;
     if (piece.ends_tensor()) ++counts_.tensors;
   }
+  counts_.bytes += bytes;
+  if (progress_) progress_->add(bytes);
   ++counts_.chunks;
   ++next_sequence_to_consume_;
   buffer_consumed_[dispatch.buffer] = true;
@@ -362,7 +371,10 @@ void StreamingLoader::announce_loaded_groups(std::unique_lock<std::mutex>& lock)
     state.loaded = true;
     const Clock::time_point now = Clock::now();
     if (counts_.groups++ == 0) counts_.first_group_seconds = std::chrono::duration<double>(now - start_).count();
-    if (counts_.groups == groups_.size()) finished_ = now;
+    if (counts_.groups == groups_.size()) {
+      finished_ = now;
+      progress_.reset();  // ends the bar's line as soon as loading is done
+    }
     loaded_.notify_all();
   }
 }

@@ -30,6 +30,7 @@
 #include "loader/chunk_plan.h"
 #include "loader/sink.h"
 #include "loader/tensor_groups.h"
+#include "util/progress.h"
 
 namespace rf::loader {
 
@@ -42,7 +43,13 @@ struct StreamingOptions {
   uint64_t chunk_bytes = uint64_t{8} << 20;
   // false: load only the groups asked for by request() or prioritize(), on demand.
   bool stream_all = true;
+  // Not empty: a progress bar with this label on stderr (util/progress.h: on a terminal only) once loading
+  // has taken longer than kProgressDelay.
+  std::string progress_label;
 };
+
+// Loads over sooner than this show no progress bar.
+inline constexpr std::chrono::milliseconds kProgressDelay{300};
 
 // Counters of a load. Times of the reader threads are summed over them; compare them with
 // wall_seconds * reader_threads to see where readers spent their time.
@@ -175,6 +182,7 @@ class StreamingLoader {
   bool cancelled_ = false;
   StreamingStats counts_;                    // bytes, tensors, chunks, groups and completion times
   std::optional<Clock::time_point> finished_;
+  std::unique_ptr<Progress> progress_;        // while loading, with options_.progress_label
 
   PhaseTimes phase_times_;
   std::mutex join_mutex_;  // serializes cancel() callers

@@ -64,6 +64,7 @@ ExecutionPlan ExecutionPlan::build(std::shared_ptr<const gguf::File> file, std::
   plan.config_ = read_config(*file);
   plan.counters_ = std::make_shared<LoadingCounters>();
   plan.file_ = file;
+  plan.residency_ = residency;
   const ModelConfig& c = plan.config_;
   TensorBinder bind(std::move(file), std::move(residency), plan.counters_);
 
@@ -86,6 +87,7 @@ ExecutionPlan ExecutionPlan::build(std::shared_ptr<const gguf::File> file, std::
   plan.output_ = c.tied_embeddings ? plan.token_embd_ : bind.matrix("output.weight", c.n_embd, c.vocab_size);
   if (c.rope_scaling == RopeScaling::Llama3) plan.rope_freqs_ = bind.vector("rope_freqs.weight", c.rope_dims / 2);
   bind.reject_unused();
+  plan.residency_->bind(plan);
   return plan;
 }
 
@@ -102,6 +104,12 @@ void ExecutionPlan::preload_all() const {
   preload_layers(0, config_.n_layers - 1);
   output_norm_.data();
   output_.data();
+}
+
+LoadingStats ExecutionPlan::loading_stats() const {
+  LoadingStats stats = counters_->snapshot();
+  residency_->report(stats);
+  return stats;
 }
 
 bool ExecutionPlan::is_layer_loaded(int64_t index) const {

@@ -39,6 +39,7 @@ class ExecutionPlan {
 
   const ModelConfig& config() const { return config_; }
   const gguf::File& file() const { return *file_; }
+  const std::shared_ptr<const gguf::File>& file_handle() const { return file_; }
 
   const LazyTensor& token_embd() const { return token_embd_; }  // [n_embd] x vocab rows
   const std::vector<LayerPlan>& layers() const { return layers_; }
@@ -47,16 +48,20 @@ class ExecutionPlan {
   const LazyTensor& output() const { return output_; }            // n_embd -> vocab; token_embd when tied
   const LazyTensor& rope_freqs() const { return rope_freqs_; }    // [rope_dims / 2] F32; empty unless Llama3
 
+  // The residency the plan was built with.
+  Residency& residency() const { return *residency_; }
+
   // Materializes layers first..last (inclusive) now, in execution order.
   void preload_layers(int64_t first, int64_t last) const;
   // Materializes every weight: embeddings, all layers, output.
   void preload_all() const;
   bool is_layer_loaded(int64_t layer) const;
-  LoadingStats loading_stats() const { return counters_->snapshot(); }
+  LoadingStats loading_stats() const;
 
  private:
   std::shared_ptr<const gguf::File> file_;
   ModelConfig config_;
+  std::shared_ptr<Residency> residency_;
   std::shared_ptr<LoadingCounters> counters_;
   LazyTensor token_embd_;
   std::vector<LayerPlan> layers_;

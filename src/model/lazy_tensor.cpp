@@ -11,8 +11,11 @@ void LoadingCounters::add(uint64_t bytes, int64_t nanoseconds) {
 }
 
 LoadingStats LoadingCounters::snapshot() const {
-  return {bytes_.load(std::memory_order_relaxed), tensors_.load(std::memory_order_relaxed),
-          static_cast<double>(nanoseconds_.load(std::memory_order_relaxed)) * 1e-9};
+  LoadingStats stats;
+  stats.bytes = bytes_.load(std::memory_order_relaxed);
+  stats.tensors = tensors_.load(std::memory_order_relaxed);
+  stats.seconds = static_cast<double>(nanoseconds_.load(std::memory_order_relaxed)) * 1e-9;
+  return stats;
 }
 
 LazyTensor::LazyTensor(std::shared_ptr<const gguf::File> file, const gguf::TensorInfo& info,
@@ -36,6 +39,10 @@ const void* LazyTensor::data() const {
     slot.loaded.store(true, std::memory_order_release);
   }
   return slot.resident.data;
+}
+
+bool LazyTensor::is_loaded() const {
+  return slot_->loaded.load(std::memory_order_acquire) || slot_->residency->is_resident(slot_->source);
 }
 
 }  // namespace rf::model

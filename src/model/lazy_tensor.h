@@ -9,7 +9,9 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "gguf/gguf.h"
 
@@ -33,21 +35,42 @@ struct ResidentTensor {
   std::shared_ptr<const void> storage;
 };
 
+class ExecutionPlan;
+
+// Bytes and tensors loaded so far, and the time callers spent waiting in materialize() summed over tensors
+// (loads on different threads overlap, so it can exceed the wall time). A residency that loads ahead of use
+// (the GPU's streamer) also reports its wall time and where its threads spent theirs.
+struct LoadingStats {
+  struct Phase {
+    std::string name;  // "read", "enqueueing copies", ...
+    double seconds;    // summed over the threads of the phase
+  };
+  uint64_t bytes = 0;
+  uint64_t tensors = 0;
+  double seconds = 0.0;
+  double wall_seconds = 0.0;         // loading start to the last byte placed (to now while loading); 0: on demand
+  double first_group_seconds = 0.0;  // loading start to the first layer's inputs (embeddings) placed
+  std::vector<Phase> phases;
+
+  double gb_per_second() const { return wall_seconds > 0 ? static_cast<double>(bytes) / wall_seconds * 1e-9 : 0.0; }
+};
+
 // A backend's strategy for placing weights. materialize() is called at most once per tensor and may run on
 // any thread (concurrently for different tensors); it throws an rf::Error naming the tensor when the backend
 // cannot compute with it, e.g. an unsupported type.
 class Residency {
  public:
   virtual ~Residency() = default;
+  // Called by ExecutionPlan::build once every tensor is bound, before any materialize(): a residency that
+  // loads ahead of use learns the execution order here. The plan may move afterwards; its tensors' infos
+  // and file stay where they are.
+  virtual void bind(const ExecutionPlan& plan) {}
   virtual ResidentTensor materialize(const TensorSource& tensor) = 0;
-};
-
-// Bytes and tensors materialized so far, and the time spent in materialize() summed over tensors (loads on
-// different threads overlap, so it can exceed the wall time).
-struct LoadingStats {
-  uint64_t bytes = 0;
-  uint64_t tensors = 0;
-  double seconds = 0.0;
+  // Whether materialize() would return `tensor` without waiting because a loader placed it ahead of use.
+  // The default loads on first use only.
+  virtual bool is_resident(const TensorSource& tensor) const { return false; }
+  // Replaces the on-demand counts of `stats` with what a loader running ahead of use measured.
+  virtual void report(LoadingStats& stats) const {}
 };
 
 // The counters behind LoadingStats, shared by all tensors of a plan and safe to update from any thread.
@@ -82,7 +105,8 @@ class LazyTensor {
   // Materializes on first use, once even under concurrent calls; afterwards a load-acquire and a return.
   // When materialize() throws, the error reaches this caller and the next call tries again.
   const void* data() const;
-  bool is_loaded() const { return slot_->loaded.load(std::memory_order_acquire); }
+  // Whether data() returns without loading: materialized, or placed ahead of use by the residency's loader.
+  bool is_loaded() const;
 
  private:
   struct Slot {

@@ -20,11 +20,14 @@ std::string format_seconds(double seconds) {
 
 }  // namespace
 
-Progress::Progress(std::string label, uint64_t total)
-    : label_(std::move(label)), total_(total), visible_(::isatty(STDERR_FILENO) == 1) {}
+Progress::Progress(std::string label, uint64_t total, std::chrono::milliseconds delay)
+    : label_(std::move(label)),
+      total_(total),
+      visible_(::isatty(STDERR_FILENO) == 1),
+      next_draw_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(delay).count()) {}
 
 Progress::~Progress() {
-  if (!visible_ || done_ == 0) return;  // a job that did nothing (or wrote no data) leaves no bar
+  if (!drawn_) return;  // a job that was over before its delay, or not on a terminal, leaves no bar
   std::lock_guard lock(draw_mutex_);
   draw(done_.load());
   std::fputc('\n', stderr);
@@ -42,6 +45,7 @@ void Progress::add(uint64_t amount) {
 }
 
 void Progress::draw(uint64_t done) {
+  drawn_ = true;
   const double fraction = total_ == 0 ? 1.0 : std::min(1.0, static_cast<double>(done) / static_cast<double>(total_));
   const int filled = static_cast<int>(fraction * kBarWidth);
   const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();

@@ -113,41 +113,45 @@ class GpuWeightTypes : public GpuKernels, public ::testing::WithParamInterface<T
 
 TEST_P(GpuWeightTypes, MatvecMatchesDequantizedProduct) {
   const TensorType type = GetParam();
-  // 37 rows: not a multiple of the rows per thread block; 1024 columns: several slices per lane.
-  const TestMatrix m = make_matrix(type, 37, 1024, stream());
   const ActivationBlocks blocks = activation_blocks(type);
-  for (int batch = 1; batch <= kMaxMatvecBatch; ++batch) {
-    const std::vector<float> x = random_values(static_cast<size_t>(batch * m.cols), 100 + batch);
-    const std::vector<float> x_seen = activations_seen(type, x, m.cols);
-    std::vector<double> expected(static_cast<size_t>(batch * m.rows));
-    for (int b = 0; b < batch; ++b)
-      for (int64_t r = 0; r < m.rows; ++r) {
-        double sum = 0.0;
-        for (int64_t c = 0; c < m.cols; ++c)
-          sum += static_cast<double>(m.values[r * m.cols + c]) * x_seen[b * m.cols + c];
-        expected[b * m.rows + r] = sum;
-      }
+  // 37 rows: not a multiple of the rows per thread block. 1024 columns: several slices per lane; 4864 (19
+  // super-blocks): a whole team per row whose lanes get unequal shares, some none in their second round.
+  for (const int64_t cols : {1024, 4864}) {
+    const TestMatrix m = make_matrix(type, 37, cols, stream());
+    for (int batch = 1; batch <= kMaxMatvecBatch; ++batch) {
+      const std::vector<float> x = random_values(static_cast<size_t>(batch * m.cols), 100 + batch);
+      const std::vector<float> x_seen = activations_seen(type, x, m.cols);
+      std::vector<double> expected(static_cast<size_t>(batch * m.rows));
+      for (int b = 0; b < batch; ++b)
+        for (int64_t r = 0; r < m.rows; ++r) {
+          double sum = 0.0;
+          for (int64_t c = 0; c < m.cols; ++c)
+            sum += static_cast<double>(m.values[r * m.cols + c]) * x_seen[b * m.cols + c];
+          expected[b * m.rows + r] = sum;
+        }
 
-    const DeviceBuffer x_device = to_device(x);
-    DeviceBuffer q(x.size(), "q");
-    DeviceBuffer scales(x.size() / kActivationBlock * sizeof(ActivationScale), "scales");
-    ProductInput input;
-    input.f32 = x_device.as<float>();
-    if (blocks != ActivationBlocks::None) {
-      quantize_rows(blocks, input.f32, batch, m.cols, q.as<int8_t>(), scales.as<ActivationScale>(), nullptr,
-                    stream());
-      input.q = q.as<int8_t>();
-      input.scales = scales.as<ActivationScale>();
+      const DeviceBuffer x_device = to_device(x);
+      DeviceBuffer q(x.size(), "q");
+      DeviceBuffer scales(x.size() / kActivationBlock * sizeof(ActivationScale), "scales");
+      ProductInput input;
+      input.f32 = x_device.as<float>();
+      if (blocks != ActivationBlocks::None) {
+        quantize_rows(blocks, input.f32, batch, m.cols, q.as<int8_t>(), scales.as<ActivationScale>(), nullptr,
+                      stream());
+        input.q = q.as<int8_t>();
+        input.scales = scales.as<ActivationScale>();
+      }
+      // Accumulating onto a known start checks that every output is written once, and only once.
+      const std::vector<float> start(expected.size(), 1.0f);
+      const DeviceBuffer y = to_device(start);
+      const MatvecSegment segment{m.view(), m.rows, y.as<float>()};
+      matvec(type, {&segment, 1}, m.cols, input, batch, true, stream());
+      synchronize();
+      std::vector<float> got = to_host<float>(y, expected.size());
+      for (float& value : got) value -= 1.0f;
+      EXPECT_LT(relative_error(got, expected), 1e-5)
+          << tensor_type_name(type) << " batch " << batch << ", " << cols << " columns";
     }
-    // Accumulating onto a known start checks that every output is written once, and only once.
-    const std::vector<float> start(expected.size(), 1.0f);
-    const DeviceBuffer y = to_device(start);
-    const MatvecSegment segment{m.view(), m.rows, y.as<float>()};
-    matvec(type, {&segment, 1}, m.cols, input, batch, true, stream());
-    synchronize();
-    std::vector<float> got = to_host<float>(y, expected.size());
-    for (float& value : got) value -= 1.0f;
-    EXPECT_LT(relative_error(got, expected), 1e-5) << tensor_type_name(type) << " batch " << batch;
   }
 }
 

@@ -4,6 +4,9 @@
 // row by row, both when all tokens run as one batch (prompt path: GEMMs and flash attention) and when the
 // continuation runs token by token (decode path: matrix-vector products, split-K attention, graph replay).
 // On the trained models the GPU's own greedy continuation is the reference's, token for token.
+// Loading: weights stream to the device behind the Transformer's constructor, each exactly once, byte for byte
+// in the device layout; a model that does not fit is refused before anything is uploaded; destroying the
+// model gives the device memory back.
 #include <gtest/gtest.h>
 
 #if ROCMFORGE_HAVE_GPU
@@ -12,12 +15,17 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/residency.h"
 #include "backend/cpu/transformer.h"
+#include "backend/gpu/residency.h"
 #include "backend/gpu/runtime.h"
+#include "backend/gpu/streaming_upload.h"
 #include "backend/gpu/transformer.h"
+#include "backend/gpu/weight_layout.h"
+#include "error_of.h"
 #include "reference.h"
 #include "test_paths.h"
 
@@ -147,6 +155,124 @@ TEST(GpuTransformer, RejectsWhatTheKernelsCannotRun) {
   const std::vector<int32_t> many(17, 1);
   EXPECT_THROW(transformer.forward(many, 0), Error);
   EXPECT_THROW(transformer.forward({&many[0], 1}, 1), Error);  // nothing cached yet
+}
+
+
+// Every weight of a plan, each once (the output matrix is the embedding table when they are tied).
+std::vector<const model::LazyTensor*> weights_of(const model::ExecutionPlan& plan) {
+  std::vector<const model::LazyTensor*> weights{&plan.token_embd(), &plan.output_norm()};
+  if (!plan.config().tied_embeddings) weights.push_back(&plan.output());
+  if (plan.rope_freqs()) weights.push_back(&plan.rope_freqs());
+  for (const model::LayerPlan& layer : plan.layers())
+    for (const model::LazyTensor* tensor : layer.tensors()) weights.push_back(tensor);
+  return weights;
+}
+
+std::vector<uint8_t> to_host(const void* device, size_t bytes) {
+  std::vector<uint8_t> host(bytes);
+  check(gpuMemcpy(host.data(), device, bytes, gpuMemcpyDeviceToHost), "copying a weight back");
+  return host;
+}
+
+// A shared model, or empty when it is not here.
+std::shared_ptr<const gguf::File> open_shared(const std::string& model) {
+  const std::string path = test::shared_path("models/" + model);
+  return std::filesystem::exists(path) ? gguf::File::open(path) : nullptr;
+}
+
+TEST(GpuLoading, StreamsEveryWeightOnceInTheDeviceLayout) {
+  if (!device_available()) GTEST_SKIP() << "no GPU";
+  // Q4_K_M mixes whole-block and split types (Q6_K); stories260K ties its embeddings; Q8_0 is split only.
+  for (const std::string name : {"synth-tiny256-Q4_K_M.gguf", "stories260K.gguf", "synth-tiny256-Q8_0.gguf"}) {
+    const std::shared_ptr<const gguf::File> file = open_shared(name);
+    if (!file) continue;
+    SCOPED_TRACE(name);
+    const model::ExecutionPlan plan = model::ExecutionPlan::build(file, make_residency());
+    EXPECT_EQ(plan.loading_stats().bytes, 0u);
+    Transformer transformer(plan, {.context = 16});
+    // Several threads want every weight at once, in opposite orders; each weight still uploads once, and
+    // everyone gets the same placement.
+    const std::vector<const model::LazyTensor*> weights = weights_of(plan);
+    std::vector<std::vector<const void*>> seen(4);
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < seen.size(); ++t)
+      threads.emplace_back([&, t] {
+        for (size_t i = 0; i < weights.size(); ++i) {
+          const size_t w = t % 2 == 0 ? i : weights.size() - 1 - i;
+          seen[t].push_back(weights[w]->data());
+        }
+        if (t % 2 == 1) std::reverse(seen[t].begin(), seen[t].end());
+      });
+    for (std::thread& thread : threads) thread.join();
+    for (size_t t = 1; t < seen.size(); ++t) EXPECT_EQ(seen[t], seen[0]);
+
+    const model::LoadingStats stats = plan.loading_stats();
+    EXPECT_EQ(stats.tensors, file->tensors().size());
+    EXPECT_EQ(stats.bytes, file->tensor_bytes());
+    EXPECT_GT(stats.gb_per_second(), 0.0);
+    EXPECT_GT(stats.wall_seconds, 0.0);
+    EXPECT_FALSE(stats.phases.empty());
+    for (int64_t l = 0; l < plan.config().n_layers; ++l) EXPECT_TRUE(plan.is_layer_loaded(l)) << "layer " << l;
+
+    // Each weight as streamed in pieces equals the whole tensor uploaded at once.
+    const Stream stream;
+    for (const model::LazyTensor* weight : weights) {
+      const uint64_t blocks = weight->bytes() / weight->info().type_info->block_bytes;
+      const size_t device_bytes = device_layout(weight->type(), blocks).bytes;
+      const DeviceBuffer whole = upload_weight(weight->type(), weight->info().elements(),
+                                               file->tensor_data(weight->info()), stream.get());
+      EXPECT_EQ(to_host(weight->data(), device_bytes), to_host(whole.data(), device_bytes)) << weight->name();
+    }
+  }
+}
+
+TEST(GpuLoading, RefusesAModelThatDoesNotFitBeforeUploading) {
+  if (!device_available()) GTEST_SKIP() << "no GPU";
+  const std::shared_ptr<const gguf::File> file = open_shared("synth-tiny256-Q4_K_M.gguf");
+  if (!file) GTEST_SKIP() << "synth-tiny256-Q4_K_M.gguf is not here";
+  const model::ExecutionPlan plan = model::ExecutionPlan::build(file, make_residency());
+
+  // A KV cache no device holds.
+  const std::string kv_error = test::error_of([&] { Transformer refused(plan, {.context = int64_t{1} << 36}); });
+  EXPECT_NE(kv_error.find("does not fit in device memory"), std::string::npos) << kv_error;
+  EXPECT_NE(kv_error.find("of KV cache (68719476736 positions)"), std::string::npos) << kv_error;
+
+  // Room for the weights but not for the KV cache and activations besides.
+  const uint64_t weights = device_weight_bytes(*file);
+  const std::string limit_error =
+      test::error_of([&] { Transformer refused(plan, {.context = 16, .device_memory = weights}); });
+  EXPECT_NE(limit_error.find("does not fit in device memory"), std::string::npos) << limit_error;
+  EXPECT_NE(limit_error.find("of weights"), std::string::npos) << limit_error;
+
+  EXPECT_EQ(plan.loading_stats().bytes, 0u);
+  EXPECT_FALSE(plan.is_layer_loaded(0));
+
+  // With room enough the same plan loads and runs.
+  Transformer transformer(plan, {.context = 16, .device_memory = weights + (uint64_t{1} << 30)});
+  const int32_t token = 1;
+  EXPECT_EQ(transformer.forward({&token, 1}, 0).size(), static_cast<size_t>(plan.config().vocab_size));
+  EXPECT_EQ(plan.loading_stats().bytes, file->tensor_bytes());
+}
+
+TEST(GpuLoading, GivesTheDeviceMemoryBackWithTheModel) {
+  if (!device_available()) GTEST_SKIP() << "no GPU";
+  const std::shared_ptr<const gguf::File> file = open_shared("synth-tiny256-Q4_K_M.gguf");
+  if (!file) GTEST_SKIP() << "synth-tiny256-Q4_K_M.gguf is not here";
+  // Free memory is the device's, which other processes change too: sizes here are in GiB, far above that.
+  // A KV cache of 2 GiB: 4 layers, 128 f16 values per position for keys and for values, 2^20 positions.
+  constexpr int64_t kContext = int64_t{1} << 20;
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  const uint64_t free_before = memory_info().free_bytes;
+  for (int round = 0; round < 3; ++round) {
+    const model::ExecutionPlan plan = model::ExecutionPlan::build(file, make_residency());
+    Transformer transformer(plan, {.context = kContext});
+    const int32_t token = 1;
+    transformer.forward({&token, 1}, 0);
+    transformer.forward({&token, 1}, 1);  // captures and replays the decode graph
+    EXPECT_LT(memory_info().free_bytes + kGiB, free_before) << "round " << round;
+  }
+  // Three models that kept their 2 GiB would have taken 6.
+  EXPECT_GE(memory_info().free_bytes + kGiB, free_before);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ TEST_F(RunTest, StreamsTextAndReportsSpeeds) {
   ASSERT_EQ(result.status, 0) << result.err;
   EXPECT_EQ(result.out.rfind("Once upon a time", 0), 0u) << result.out;
   EXPECT_GT(result.out.size(), std::string("Once upon a time").size() + 8) << result.out;
+  EXPECT_NE(result.err.find("backend: "), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("load: "), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("prompt: 5 tokens"), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("decode: 15 tokens"), std::string::npos) << result.err;

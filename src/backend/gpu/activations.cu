@@ -15,6 +15,8 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1)
 template <ActivationBlocks kBlocks>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const float* x, int64_t n, int8_t* q,
                                                             ActivationScale* scales, uint16_t* f16) {
+  start_successor();
+  wait_for_predecessor();
   __shared__ float scratch[kThreads / 32];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const bool active = i - threadIdx.x % kTeam < n;  // n is a multiple of the block size
@@ -22,6 +24,8 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const float* x, int6
 }
 
 __global__ void __launch_bounds__(kThreads) f16_kernel(const float* x, int64_t n, uint16_t* out) {
+  start_successor();
+  wait_for_predecessor();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n) out[i] = float_to_half(x[i]);
 }
@@ -29,6 +33,8 @@ __global__ void __launch_bounds__(kThreads) f16_kernel(const float* x, int64_t n
 template <ActivationBlocks kBlocks>
 __global__ void __launch_bounds__(kThreads) swiglu_kernel(const float* gate, const float* up, int64_t n,
                                                           ActivationOutput out) {
+  start_successor();
+  wait_for_predecessor();
   __shared__ float scratch[kThreads / 32];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const bool active = i - threadIdx.x % kTeam < n;
@@ -65,22 +71,20 @@ void quantize_rows(ActivationBlocks blocks, const float* x, int64_t rows, int64_
                    ActivationScale* scales, uint16_t* f16, gpuStream_t stream) {
   const int64_t n = rows * cols;
   with_activation_blocks(blocks, [&]<ActivationBlocks kBlocks>() {
-    quantize_kernel<kBlocks><<<blocks_for(n), kThreads, 0, stream>>>(x, n, q, scales, f16);
-    check_launch("quantize_rows");
+    launch_overlapped("quantize_rows", quantize_kernel<kBlocks>, blocks_for(n), kThreads, 0, stream, x, n, q, scales,
+                      f16);
   });
 }
 
 void convert_to_f16(const float* x, int64_t n, uint16_t* out, gpuStream_t stream) {
-  f16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, out);
-  check_launch("convert_to_f16");
+  launch_overlapped("convert_to_f16", f16_kernel, blocks_for(n), kThreads, 0, stream, x, n, out);
 }
 
 void swiglu(const float* gate, const float* up, int64_t rows, int64_t cols, const ActivationOutput& out,
             gpuStream_t stream) {
   const int64_t n = rows * cols;
   with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
-    swiglu_kernel<kBlocks><<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n, out);
-    check_launch("swiglu");
+    launch_overlapped("swiglu", swiglu_kernel<kBlocks>, blocks_for(n), kThreads, 0, stream, gate, up, n, out);
   });
 }
 

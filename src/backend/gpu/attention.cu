@@ -27,9 +27,11 @@ __global__ void __launch_bounds__(kThreads) attention_chunk_kernel(AttentionShap
                                                                    const uint16_t* keys, const uint16_t* values,
                                                                    const int32_t* step, int64_t splits,
                                                                    float scale, float* partials) {
+  start_successor();
+  wait_for_predecessor();
   extern __shared__ float shared[];
-  const int64_t kv_head = blockIdx.x;
-  const int64_t chunk = blockIdx.y;
+  const int64_t chunk = blockIdx.x;  // x: grids allow 2^31 - 1 blocks there, 65535 in y (1M positions)
+  const int64_t kv_head = blockIdx.y;
   const int64_t begin = chunk * kAttentionChunk;
   const int64_t positions = step[0] + 1;
   if (begin >= positions) return;
@@ -131,6 +133,8 @@ __global__ void __launch_bounds__(kThreads) attention_chunk_kernel(AttentionShap
 __global__ void __launch_bounds__(kThreads) attention_combine_kernel(AttentionShape shape, const int32_t* step,
                                                                      int64_t splits, const float* partials,
                                                                      float* out) {
+  start_successor();
+  wait_for_predecessor();
   const int64_t head = blockIdx.x;
   const int64_t head_dim = shape.head_dim;
   const int64_t used = (step[0] + kAttentionChunk) / kAttentionChunk;  // chunks holding positions 0..step[0]
@@ -157,6 +161,8 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
                                                                     const uint16_t* keys, const uint16_t* values,
                                                                     int64_t n_tokens, const int32_t* step,
                                                                     float scale, float* out) {
+  start_successor();
+  wait_for_predecessor();
   __shared__ float4 q_shared[kTeams][kMaxHeadDim / 4];
   const int team = static_cast<int>(threadIdx.x / kTeam);
   const int lane = static_cast<int>(threadIdx.x % kTeam);
@@ -246,13 +252,11 @@ void attention_decode(const AttentionShape& shape, const float* q, const uint16_
   const int64_t splits = max_splits(context);
   const int64_t group = shape.heads_per_kv_head();
   const size_t shared_bytes = sizeof(float) * static_cast<size_t>(group * (shape.head_dim + kAttentionChunk + 2));
-  const dim3 grid(static_cast<unsigned>(shape.n_kv_heads), static_cast<unsigned>(splits));
-  attention_chunk_kernel<<<grid, kThreads, shared_bytes, stream>>>(shape, q, key_cache, value_cache, step, splits,
-                                                                   attention_scale(shape), partials);
-  check_launch("attention_chunk");
-  attention_combine_kernel<<<static_cast<unsigned>(shape.n_heads), kThreads, 0, stream>>>(shape, step, splits,
-                                                                                        partials, out);
-  check_launch("attention_combine");
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(shape.n_kv_heads));
+  launch_overlapped("attention_chunk", attention_chunk_kernel, grid, kThreads, shared_bytes, stream, shape, q,
+                    key_cache, value_cache, step, splits, attention_scale(shape), partials);
+  launch_overlapped("attention_combine", attention_combine_kernel, static_cast<unsigned>(shape.n_heads), kThreads, 0,
+                    stream, shape, step, splits, partials, out);
 }
 
 void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
@@ -261,9 +265,8 @@ void attention_prompt(const AttentionShape& shape, const float* q, const uint16_
   const auto blocks = static_cast<unsigned>((n_tokens * shape.n_heads + kTeams - 1) / kTeams);
   const float scale = attention_scale(shape);
   const auto run = [&]<int kDimsPerLane>() {
-    attention_prompt_kernel<kDimsPerLane><<<blocks, kThreads, 0, stream>>>(shape, q, key_cache, value_cache,
-                                                                          n_tokens, step, scale, out);
-    check_launch("attention_prompt");
+    launch_overlapped("attention_prompt", attention_prompt_kernel<kDimsPerLane>, blocks, kThreads, 0, stream, shape, q,
+                      key_cache, value_cache, n_tokens, step, scale, out);
   };
   if (shape.head_dim <= 32)
     run.template operator()<1>();

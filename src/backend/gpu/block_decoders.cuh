@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "backend/gpu/device.cuh"
+#include "backend/gpu/kernels.h"
 #include "backend/gpu/weight_layout.h"
 #include "gguf/tensor_type.h"
 
@@ -459,6 +460,129 @@ struct Decoder<TensorType::IQ4_XS> {
     s.scale[0] = s.scale[1] = half_to_float(static_cast<uint16_t>(dh)) * static_cast<float>((low | (high << 4)) - 32);
     s.offset[0] = s.offset[1] = 0.0f;
     return s;
+  }
+};
+
+// ---- chunks, for the matrix-vector products of Q4_K and Q6_K -------------------------------------------------
+//
+// ChunkDecoder<T> reads a block as kChunks chunks of 16 bytes of quants, each with the header fields it needs:
+// a lane takes one chunk at a time, so consecutive lanes on consecutive chunks read the quants in full 16-byte
+// loads that together cover whole sectors, and a lane holds only its raw chunk (8 registers) until it dots it
+// with the 8-bit activations, which leaves room for kUnroll chunks in flight per lane.
+//
+//   ChunkDecoder<T>::kChunks, kUnroll     chunks per block; chunks a lane loads before it decodes the first
+//   ChunkDecoder<T>::load(w, b, c)        the raw bytes of chunk c of block b (b counted as in Decoder<T>)
+//   ChunkDecoder<T>::dot(raw, c, x, xs)   sum over the chunk of weight * activation; x and xs are the 8-bit
+//                                         activations and their scales (Q8_K blocks of 32) from the block's first
+//                                         element
+namespace decode {
+
+// acc + the dot product of 16 signed bytes.
+__device__ __forceinline__ int dot16(const int4& q, const int4& a, int acc) {
+  acc = dot4_i8(q.x, a.x, acc);
+  acc = dot4_i8(q.y, a.y, acc);
+  acc = dot4_i8(q.z, a.z, acc);
+  return dot4_i8(q.w, a.w, acc);
+}
+
+// (v >> shift) & mask in each of the four ints.
+__device__ __forceinline__ int4 map4(const int4& v, uint32_t shift, uint32_t mask) {
+  return make_int4(static_cast<int>((static_cast<uint32_t>(v.x) >> shift) & mask),
+                   static_cast<int>((static_cast<uint32_t>(v.y) >> shift) & mask),
+                   static_cast<int>((static_cast<uint32_t>(v.z) >> shift) & mask),
+                   static_cast<int>((static_cast<uint32_t>(v.w) >> shift) & mask));
+}
+
+// Bits shift and shift + 1 of every byte, moved to bits 4 and 5 (the top bits of a 6-bit level).
+__device__ __forceinline__ int4 top_bits(const int4& v, uint32_t shift) {
+  const int4 bits = map4(v, shift, 0x03030303u);
+  return make_int4(bits.x << 4, bits.y << 4, bits.z << 4, bits.w << 4);
+}
+
+__device__ __forceinline__ int4 or4(const int4& a, const int4& b) {
+  return make_int4(a.x | b.x, a.y | b.y, a.z | b.z, a.w | b.w);
+}
+
+}  // namespace decode
+
+template <TensorType T>
+struct ChunkDecoder {
+  static constexpr bool kDefined = false;
+};
+
+// Chunk j = qs[16j .. 16j + 15] of pair p = j / 2, half m = j % 2: elements 64p + 16m + i (low nibbles,
+// sub-block 2p) and 64p + 32 + 16m + i (high nibbles, sub-block 2p + 1); each lane also loads the block's 16
+// header bytes (one load that the eight lanes on a block share). x = d * scale * q - dmin * min.
+template <>
+struct ChunkDecoder<TensorType::Q4_K> {
+  static constexpr bool kDefined = true;
+  static constexpr int kChunks = 8;
+  static constexpr int kUnroll = 4;
+  struct Raw {
+    int4 header;
+    int4 q;
+  };
+  __device__ static Raw load(const WeightView& w, int64_t block, int j) {
+    const uint8_t* p = decode::payload(w, block, 144);
+    return {load_16(p), load_16(p + 16 + 16 * j)};
+  }
+  __device__ static float dot(const Raw& r, int j, const int8_t* x, const ActivationScale* scales) {
+    const int p = j / 2;
+    const int m = j % 2;
+    const auto dd = static_cast<uint32_t>(r.header.x);
+    const uint32_t packed[3] = {static_cast<uint32_t>(r.header.y), static_cast<uint32_t>(r.header.z),
+                                static_cast<uint32_t>(r.header.w)};
+    float scale[2];
+    float offset[2];
+    decode::k_scales_mins(reinterpret_cast<const uint8_t*>(packed), p, half_to_float(static_cast<uint16_t>(dd)),
+                          half_to_float(static_cast<uint16_t>(dd >> 16)), scale, offset);
+    const int low = decode::dot16(decode::map4(r.q, 0, decode::kLowNibbles), load_16(x + 64 * p + 16 * m), 0);
+    const int high = decode::dot16(decode::map4(r.q, 4, decode::kLowNibbles), load_16(x + 64 * p + 32 + 16 * m), 0);
+    const ActivationScale low_scale = scales[2 * p];
+    const ActivationScale high_scale = scales[2 * p + 1];
+    return low_scale.d * (scale[0] * static_cast<float>(low) + offset[0] * static_cast<float>(low_scale.sum[m])) +
+           high_scale.d * (scale[1] * static_cast<float>(high) + offset[1] * static_cast<float>(high_scale.sum[m]));
+  }
+};
+
+// Chunk c = ql[16c .. 16c + 15], c = 4h + 2j + m: elements 128h + 32j + 16m + i (low nibbles, top bits at bit
+// 2j of qh[32h + 16m + i]) and the same + 64 (high nibbles, bit 2j + 4), with scales 8h + 2j + m and
+// 8h + 4 + 2j + m. x = d * scale * (q - 32). Two chunks in flight: four would not fit the registers.
+template <>
+struct ChunkDecoder<TensorType::Q6_K> {
+  static constexpr bool kDefined = true;
+  static constexpr int kChunks = 8;
+  static constexpr int kUnroll = 2;
+  struct Raw {
+    int4 low;
+    int4 high;
+    int2 scales;
+    float d;
+  };
+  __device__ static Raw load(const WeightView& w, int64_t block, int c) {
+    const uint8_t* p = decode::payload(w, block, 208);
+    const int h = c / 4;
+    return {load_16(p + 16 * c), load_16(p + 128 + 32 * h + 16 * (c % 2)),
+            *reinterpret_cast<const int2*>(p + 192 + 8 * h), half_to_float(w.scales[block])};
+  }
+  __device__ static float dot(const Raw& r, int c, const int8_t* x, const ActivationScale* scales) {
+    const int h = c / 4;
+    const int j = (c / 2) % 2;
+    const int m = c % 2;
+    float sum = 0.0f;
+#pragma unroll
+    for (int top = 0; top < 2; ++top) {
+      const int first = 128 * h + 64 * top + 32 * j + 16 * m;
+      const int4 q = decode::or4(decode::map4(r.low, 4 * top, decode::kLowNibbles),
+                                 decode::top_bits(r.high, 2 * j + 4 * top));
+      const int dot = decode::dot16(q, load_16(x + first), 0);
+      const int scale_byte = 2 * j + m;
+      const int word = top == 0 ? r.scales.x : r.scales.y;
+      const float scale = r.d * static_cast<float>(static_cast<int8_t>(word >> (8 * scale_byte)));
+      const ActivationScale a = scales[first / kActivationBlock];
+      sum += a.d * scale * static_cast<float>(dot - 32 * a.sum[m]);
+    }
+    return sum;
   }
 };
 

@@ -58,6 +58,8 @@ template <TensorType T, typename Out>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(WeightView weight, int64_t cols, const int32_t* row_ids,
                                                               int64_t first_row, int64_t n_rows, Out* out) {
   using D = Decoder<T>;
+  start_successor();
+  wait_for_predecessor();
   const int64_t blocks_per_row = cols / D::kBlockElements;
   const int64_t slices_per_row = blocks_per_row * D::kSlices;
   const auto index = static_cast<uint32_t>(blockIdx.x * kThreads + threadIdx.x);  // tiles stay below 2^32 slices
@@ -76,8 +78,8 @@ void launch_dequantize(TensorType type, const WeightView& weight, int64_t cols, 
   with_decoder(type, [&]<TensorType T>() {
     const int64_t slices = n_rows * cols / Decoder<T>::kBlockElements * Decoder<T>::kSlices;
     const auto blocks = static_cast<unsigned>((slices + kThreads - 1) / kThreads);
-    dequantize_kernel<T, Out><<<blocks, kThreads, 0, stream>>>(weight, cols, row_ids, first_row, n_rows, out);
-    check_launch("dequantize");
+    launch_overlapped("dequantize", dequantize_kernel<T, Out>, blocks, kThreads, 0, stream, weight, cols, row_ids,
+                      first_row, n_rows, out);
   });
 }
 

@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "backend/gpu/runtime.h"
+
 namespace rf::gpu {
 
 // Lanes of the hardware warp. Kernels that only need a fixed group of lanes use kTeam instead, which is the
@@ -117,6 +119,59 @@ __device__ __forceinline__ int4 load_16_from_4(const void* p) {
 __device__ __forceinline__ int load_4_from_2(const void* p) {
   const uint16_t* q = static_cast<const uint16_t*>(p);
   return static_cast<int>(q[0] | (static_cast<uint32_t>(q[1]) << 16));
+}
+
+// Programmatic dependent launch (Hopper): a kernel started with launch_overlapped() may begin while the
+// kernel before it in the stream still runs. It lets its own successor start at once (start_successor), does
+// whatever does not depend on earlier kernels (computing addresses, fetching weights toward the cache), and
+// waits in wait_for_predecessor() until the kernel before it has finished and its writes are visible; every
+// access to what earlier kernels write comes after that wait, in every thread block. Since each kernel waits
+// for the whole of the one before it, which waited for its own predecessor, the order of the stream holds
+// transitively. Before Hopper both are no-ops, and a HIP build launches plainly.
+__device__ __forceinline__ void start_successor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Asks for `bytes` from `p` (both multiples of 16) in L2 without waiting for them (Hopper's bulk copy unit):
+// a kernel that streams a weight asks for its share up front, so that the whole share is in flight from
+// device memory at once however few loads each lane keeps outstanding.
+__device__ __forceinline__ void prefetch_to_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) as a programmatic dependent launch (see above).
+template <typename... Params, typename... Args>
+void launch_overlapped(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                       gpuStream_t stream, Args... args) {
+#if defined(ROCMFORGE_GPU_HIP)
+  kernel<<<grid, block, shared_bytes, stream>>>(static_cast<Params>(args)...);
+  check_launch(name);
+#else
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  check(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...), name);
+#endif
 }
 
 }  // namespace rf::gpu

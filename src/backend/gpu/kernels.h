@@ -127,9 +127,10 @@ void attention_prompt(const AttentionShape& shape, const float* q, const uint16_
 
 // One token (decoding) at position step[0], over positions 0 .. step[0]: the positions are split into
 // chunks of kAttentionChunk, each chunk's partial softmax computed by its own thread block (split-K), then
-// combined. `partials` holds attention_partials_floats() floats. The grid covers the whole context, so a
+// combined. Chunks are short so that the few positions early in a generation still spread over many thread
+// blocks. `partials` holds attention_partials_floats() floats. The grid covers the whole context, so a
 // captured step serves every position; blocks past the last position return at once.
-constexpr int64_t kAttentionChunk = 64;
+constexpr int64_t kAttentionChunk = 16;
 constexpr int64_t kMaxHeadsPerKvHead = 16;
 constexpr int64_t kMaxHeadDim = 256;
 int64_t attention_partials_floats(const AttentionShape& shape, int64_t context);

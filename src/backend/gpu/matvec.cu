@@ -6,7 +6,13 @@
 // lanes take consecutive slices, so a group's loads of one step cover consecutive pieces of the row (a few
 // header bytes apart for the quantized types). Each lane issues kUnroll slices' loads before it uses the
 // first, which keeps enough bytes in flight to saturate device memory. Quantized weights meet 8-bit
-// activations in dp4a; float weights meet f32 activations in FMAs.
+// activations in dp4a; float weights meet f32 activations in FMAs. Q4_K and Q6_K go by chunks instead
+// (block_decoders.cuh: ChunkDecoder): 16 bytes of quants a lane, consecutive lanes on consecutive chunks, a
+// whole team on one row where it is wide enough, so that one load of a team reads 512 consecutive bytes.
+//
+// Each thread block asks for its rows' bytes in L2 (one bulk prefetch) before it waits for the kernel before it
+// (programmatic dependent launch, device.cuh): the weights do not depend on earlier kernels, so their fetch
+// overlaps the previous kernel's tail and this one's activation staging.
 //
 // Every lane reads activations for each slice it takes: as many bytes as the weights or more. Read from
 // global memory, that traffic doubles what the caches serve and stalls the lanes on it; so a thread block
@@ -76,12 +82,52 @@ struct Segments {
   unsigned first_block[kMaxMatvecSegments + 1];
 };
 
-template <TensorType T, int kMaxBatch>
+// kChunks: Q4_K and Q6_K by chunks (ChunkDecoder), else by slices (Decoder). row_bytes: payload bytes per row.
+template <TensorType T, int kMaxBatch, bool kChunks>
 __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kernel(Segments segments, int64_t cols,
+                                                                                  uint32_t row_bytes,
                                                                                   ProductInput input, int batch,
                                                                                   int lanes, bool staged,
                                                                                   bool accumulate) {
   using D = Decoder<T>;
+  start_successor();
+  // Selected field by field, without indexing by a run-time value, which would move the parameters to local
+  // memory.
+  const bool second = blockIdx.x >= segments.first_block[1];
+  const bool third = blockIdx.x >= segments.first_block[2];
+  const auto pick = [&](const auto& a, const auto& b, const auto& c) { return third ? c : second ? b : a; };
+  const MatvecSegment segment{
+      {pick(segments.segment[0].weight.blocks, segments.segment[1].weight.blocks, segments.segment[2].weight.blocks),
+       pick(segments.segment[0].weight.scales, segments.segment[1].weight.scales, segments.segment[2].weight.scales)},
+      pick(segments.segment[0].rows, segments.segment[1].rows, segments.segment[2].rows),
+      pick(segments.segment[0].y, segments.segment[1].y, segments.segment[2].y)};
+  const unsigned first_block = pick(0u, segments.first_block[1], segments.first_block[2]);
+  const int64_t rows_per_block = kThreads / lanes;
+  const int64_t block_row = static_cast<int64_t>(blockIdx.x - first_block) * rows_per_block;
+  const int64_t row = block_row + threadIdx.x / lanes;
+  const int lane = static_cast<int>(threadIdx.x) % lanes;
+  const bool valid = row < segment.rows;  // rows past the end still join the shuffles below
+  const WeightView weight = segment.weight;
+  const int64_t blocks_per_row = cols / D::kBlockElements;
+  const int64_t slices = valid ? blocks_per_row * D::kSlices : 0;
+  const int64_t first_weight_block = row * blocks_per_row;
+
+  // The weights do not depend on earlier kernels: the block's rows (and their split-off scales) are asked for
+  // while the kernel before this one finishes.
+  if (threadIdx.x == 0) {
+    const int64_t block_rows = min(rows_per_block, segment.rows - block_row);
+    const auto prefetch_range = [](const void* base, int64_t begin, int64_t end) {
+      const auto first = reinterpret_cast<uintptr_t>(base) + begin;
+      const uintptr_t aligned = first & ~uintptr_t{15};
+      const uintptr_t last = (reinterpret_cast<uintptr_t>(base) + end + 15) & ~uintptr_t{15};
+      prefetch_to_l2(reinterpret_cast<const void*>(aligned), static_cast<uint32_t>(last - aligned));
+    };
+    prefetch_range(weight.blocks, block_row * row_bytes, (block_row + block_rows) * row_bytes);
+    if (weight.scales)
+      prefetch_range(weight.scales, block_row * blocks_per_row * 2, (block_row + block_rows) * blocks_per_row * 2);
+  }
+  wait_for_predecessor();
+
   extern __shared__ int4 stage[];
   ProductInput x{input.f32, input.q, input.scales, nullptr};
   if (staged) {
@@ -101,43 +147,50 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
       x.f32 = reinterpret_cast<const float*>(stage);
     }
   }
-  // Selected field by field, without indexing by a run-time value, which would move the parameters to local
-  // memory.
-  const bool second = blockIdx.x >= segments.first_block[1];
-  const bool third = blockIdx.x >= segments.first_block[2];
-  const auto pick = [&](const auto& a, const auto& b, const auto& c) { return third ? c : second ? b : a; };
-  const MatvecSegment segment{
-      {pick(segments.segment[0].weight.blocks, segments.segment[1].weight.blocks, segments.segment[2].weight.blocks),
-       pick(segments.segment[0].weight.scales, segments.segment[1].weight.scales, segments.segment[2].weight.scales)},
-      pick(segments.segment[0].rows, segments.segment[1].rows, segments.segment[2].rows),
-      pick(segments.segment[0].y, segments.segment[1].y, segments.segment[2].y)};
-  const unsigned first_block = pick(0u, segments.first_block[1], segments.first_block[2]);
-  const int64_t row = static_cast<int64_t>(blockIdx.x - first_block) * (kThreads / lanes) + threadIdx.x / lanes;
-  const int lane = static_cast<int>(threadIdx.x) % lanes;
-  const bool valid = row < segment.rows;  // rows past the end still join the shuffles below
-  const WeightView weight = segment.weight;
-  const int64_t blocks_per_row = cols / D::kBlockElements;
-  const int64_t slices = valid ? blocks_per_row * D::kSlices : 0;
-  const int64_t first_weight_block = row * blocks_per_row;
 
   float acc[kMaxBatch] = {};
-  constexpr int unroll = kUnroll<D>;
-  for (int64_t base = lane; base < slices; base += static_cast<int64_t>(lanes) * unroll) {
-    typename D::Slice loaded[unroll];
+  if constexpr (kChunks) {
+    using C = ChunkDecoder<T>;
+    constexpr int unroll = C::kUnroll;
+    const int64_t chunks = valid ? blocks_per_row * C::kChunks : 0;
+    for (int64_t base = lane; base < chunks; base += static_cast<int64_t>(lanes) * unroll) {
+      typename C::Raw raw[unroll];
 #pragma unroll
-    for (int u = 0; u < unroll; ++u) {
-      const int64_t s = base + u * lanes;
-      if (s < slices)
-        loaded[u] = D::load(weight, first_weight_block + s / D::kSlices, static_cast<int>(s % D::kSlices));
+      for (int u = 0; u < unroll; ++u) {
+        const int64_t chunk = base + u * lanes;
+        if (chunk < chunks)
+          raw[u] = C::load(weight, first_weight_block + chunk / C::kChunks, static_cast<int>(chunk % C::kChunks));
+      }
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) {
+        const int64_t chunk = base + u * lanes;
+        const int64_t block_first = chunk / C::kChunks * D::kBlockElements;
+#pragma unroll
+        for (int b = 0; b < kMaxBatch; ++b)
+          if (chunk < chunks && b < batch)
+            acc[b] += C::dot(raw[u], static_cast<int>(chunk % C::kChunks), x.q + b * cols + block_first,
+                             x.scales + (b * cols + block_first) / kActivationBlock);
+      }
     }
+  } else {
+    constexpr int unroll = kUnroll<D>;
+    for (int64_t base = lane; base < slices; base += static_cast<int64_t>(lanes) * unroll) {
+      typename D::Slice loaded[unroll];
 #pragma unroll
-    for (int u = 0; u < unroll; ++u) {
-      const int64_t s = base + u * lanes;
-      const int64_t block_first = s / D::kSlices * D::kBlockElements;
+      for (int u = 0; u < unroll; ++u) {
+        const int64_t s = base + u * lanes;
+        if (s < slices)
+          loaded[u] = D::load(weight, first_weight_block + s / D::kSlices, static_cast<int>(s % D::kSlices));
+      }
 #pragma unroll
-      for (int b = 0; b < kMaxBatch; ++b)
-        if (s < slices && b < batch)
-          acc[b] += slice_dot<D>(loaded[u], static_cast<int>(s % D::kSlices), x, cols, b, block_first);
+      for (int u = 0; u < unroll; ++u) {
+        const int64_t s = base + u * lanes;
+        const int64_t block_first = s / D::kSlices * D::kBlockElements;
+#pragma unroll
+        for (int b = 0; b < kMaxBatch; ++b)
+          if (s < slices && b < batch)
+            acc[b] += slice_dot<D>(loaded[u], static_cast<int>(s % D::kSlices), x, cols, b, block_first);
+      }
     }
   }
   for (int mask = lanes / 2; mask > 0; mask /= 2)
@@ -152,19 +205,24 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
   }
 }
 
-// Lanes per row: about four slices per lane, at least 4 and at most a team.
-template <TensorType T>
+// Lanes per row, at least 4 and at most a team: for slices, about four slices per lane; for chunks, enough
+// lanes that each takes one round of kUnroll chunks where a team suffices.
+template <TensorType T, bool kChunks>
 int lanes_per_row(int64_t cols) {
-  const int64_t slices = cols / Decoder<T>::kBlockElements * Decoder<T>::kSlices;
+  const int64_t blocks = cols / Decoder<T>::kBlockElements;
   int lanes = 4;
-  while (lanes < kTeam && lanes * 8 <= slices) lanes *= 2;
+  if constexpr (kChunks)
+    while (lanes < kTeam && lanes * ChunkDecoder<T>::kUnroll < blocks * ChunkDecoder<T>::kChunks) lanes *= 2;
+  else
+    while (lanes < kTeam && lanes * 8 <= blocks * Decoder<T>::kSlices) lanes *= 2;
   return lanes;
 }
 
 template <TensorType T, int kMaxBatch>
-void launch(std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch, bool accumulate,
-            gpuStream_t stream) {
-  const int lanes = lanes_per_row<T>(cols);
+void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch,
+            bool accumulate, gpuStream_t stream) {
+  constexpr bool kChunks = ChunkDecoder<T>::kDefined;
+  const int lanes = lanes_per_row<T, kChunks>(cols);
   // Staged activations: levels and scales (quantized weights) or f32 values, whole 16-byte pieces.
   const int64_t stage_bytes = Decoder<T>::kBlockElements >= kActivationBlock && x.q
                                   ? batch * cols + batch * cols / kActivationBlock * 8
@@ -181,9 +239,12 @@ void launch(std::span<const MatvecSegment> segments, int64_t cols, const Product
     }
   }
   packed.first_block[kMaxMatvecSegments] = blocks;
-  matvec_kernel<T, kMaxBatch><<<blocks, kThreads, staged ? stage_bytes : 0, stream>>>(packed, cols, x, batch, lanes,
-                                                                                    staged, accumulate);
-  check_launch("matvec");
+  const int64_t blocks_per_row = cols / Decoder<T>::kBlockElements;
+  const auto row_bytes =
+      static_cast<uint32_t>(device_layout(type, static_cast<uint64_t>(blocks_per_row)).block_stride * blocks_per_row);
+  const size_t shared_bytes = staged ? static_cast<size_t>(stage_bytes) : 0;
+  launch_overlapped("matvec", matvec_kernel<T, kMaxBatch, kChunks>, blocks, kThreads, shared_bytes, stream, packed,
+                    cols, row_bytes, x, batch, lanes, staged, accumulate);
 }
 
 }  // namespace
@@ -205,13 +266,13 @@ void matvec(TensorType type, std::span<const MatvecSegment> segments, int64_t co
   with_decoder(type, [&]<TensorType T>() {
     // Batches are rounded up to 1, 2, 4 or 8 rows of accumulators; the unused ones cost nothing but registers.
     if (batch == 1)
-      launch<T, 1>(segments, cols, x, batch, accumulate, stream);
+      launch<T, 1>(type, segments, cols, x, batch, accumulate, stream);
     else if (batch == 2)
-      launch<T, 2>(segments, cols, x, batch, accumulate, stream);
+      launch<T, 2>(type, segments, cols, x, batch, accumulate, stream);
     else if (batch <= 4)
-      launch<T, 4>(segments, cols, x, batch, accumulate, stream);
+      launch<T, 4>(type, segments, cols, x, batch, accumulate, stream);
     else
-      launch<T, kMaxMatvecBatch>(segments, cols, x, batch, accumulate, stream);
+      launch<T, kMaxMatvecBatch>(type, segments, cols, x, batch, accumulate, stream);
   });
 }
 

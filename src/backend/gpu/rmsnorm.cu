@@ -15,6 +15,8 @@ namespace {
 template <ActivationBlocks kBlocks>
 __global__ void __launch_bounds__(kQuantizeThreads) rmsnorm_kernel(const float* x, const float* weight, int64_t cols,
                                                                    float eps, ActivationOutput out) {
+  start_successor();
+  wait_for_predecessor();
   __shared__ float scratch[kQuantizeThreads / 32];
   __shared__ double sum_scratch[kQuantizeThreads / 32];
   const int64_t first = static_cast<int64_t>(blockIdx.y) * cols;
@@ -42,8 +44,7 @@ void rmsnorm(const float* x, const float* weight, int64_t rows, int64_t cols, fl
              gpuStream_t stream) {
   const dim3 grid(static_cast<unsigned>((cols + kQuantizeThreads - 1) / kQuantizeThreads), static_cast<unsigned>(rows));
   with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
-    rmsnorm_kernel<kBlocks><<<grid, kQuantizeThreads, 0, stream>>>(x, weight, cols, eps, out);
-    check_launch("rmsnorm");
+    launch_overlapped("rmsnorm", rmsnorm_kernel<kBlocks>, grid, kQuantizeThreads, 0, stream, x, weight, cols, eps, out);
   });
 }
 

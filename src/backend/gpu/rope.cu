@@ -11,6 +11,8 @@ constexpr int kThreads = 256;
 
 __global__ void rope_table_kernel(const double* inverse_frequencies, int64_t pairs, const int32_t* step,
                                   int64_t n_tokens, float* cos_sin) {
+  start_successor();
+  wait_for_predecessor();
   const int64_t index = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (index >= n_tokens * pairs) return;
   const int64_t t = index / pairs;
@@ -24,6 +26,8 @@ __global__ void rope_table_kernel(const double* inverse_frequencies, int64_t pai
 // key and value rows of the head into the cache as f16.
 __global__ void rope_store_kernel(AttentionShape shape, float* q, float* k, const float* v, const float* cos_sin,
                                   const int32_t* step, uint16_t* key_cache, uint16_t* value_cache) {
+  start_successor();
+  wait_for_predecessor();
   const int64_t t = blockIdx.x;
   const int64_t head = blockIdx.y;
   const int64_t d = threadIdx.x;
@@ -60,8 +64,8 @@ __global__ void rope_store_kernel(AttentionShape shape, float* q, float* k, cons
 void rope_table(const double* inverse_frequencies, int64_t pairs, const int32_t* step, int64_t n_tokens,
                 float* cos_sin, gpuStream_t stream) {
   const auto blocks = static_cast<unsigned>((n_tokens * pairs + kThreads - 1) / kThreads);
-  rope_table_kernel<<<blocks, kThreads, 0, stream>>>(inverse_frequencies, pairs, step, n_tokens, cos_sin);
-  check_launch("rope_table");
+  launch_overlapped("rope_table", rope_table_kernel, blocks, kThreads, 0, stream, inverse_frequencies, pairs, step,
+                    n_tokens, cos_sin);
 }
 
 void rope_and_store(const AttentionShape& shape, float* q, float* k, const float* v, const float* cos_sin,
@@ -69,8 +73,8 @@ void rope_and_store(const AttentionShape& shape, float* q, float* k, const float
                     gpuStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(shape.n_heads + shape.n_kv_heads));
   const auto threads = static_cast<unsigned>((shape.head_dim + 31) / 32 * 32);
-  rope_store_kernel<<<grid, threads, 0, stream>>>(shape, q, k, v, cos_sin, step, key_cache, value_cache);
-  check_launch("rope_and_store");
+  launch_overlapped("rope_and_store", rope_store_kernel, grid, threads, 0, stream, shape, q, k, v, cos_sin, step,
+                    key_cache, value_cache);
 }
 
 }  // namespace rf::gpu

@@ -40,6 +40,13 @@ DeviceInfo device_info() {
           static_cast<uint64_t>(properties.totalGlobalMem)};
 }
 
+MemoryInfo memory_info() {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  check(gpuMemGetInfo(&free_bytes, &total_bytes), "reading the device's free memory");
+  return {free_bytes, total_bytes};
+}
+
 double measure_copy_bandwidth() {
   constexpr size_t kBytes = size_t{1} << 30;
   constexpr int kCopies = 9;
@@ -121,6 +128,13 @@ Event::~Event() { static_cast<void>(gpuEventDestroy(event_)); }
 void Event::record(gpuStream_t stream) const { check(gpuEventRecord(event_, stream), "recording an event"); }
 
 void Event::synchronize() const { check(gpuEventSynchronize(event_), "waiting for an event"); }
+
+bool Event::done() const {
+  const gpuError_t status = gpuEventQuery(event_);
+  if (status == gpuErrorNotReady) return false;
+  check(status, "querying an event");
+  return true;
+}
 
 float Event::milliseconds_since(const Event& start) const {
   float ms = 0.0f;

@@ -42,6 +42,8 @@
 #define gpuEventDisableTiming hipEventDisableTiming
 #define gpuEventRecord hipEventRecord
 #define gpuEventSynchronize hipEventSynchronize
+#define gpuEventQuery hipEventQuery
+#define gpuErrorNotReady hipErrorNotReady
 #define gpuEventElapsedTime hipEventElapsedTime
 #define gpuEventDestroy hipEventDestroy
 #define gpuGraph_t hipGraph_t
@@ -86,6 +88,8 @@
 #define gpuEventDisableTiming cudaEventDisableTiming
 #define gpuEventRecord cudaEventRecord
 #define gpuEventSynchronize cudaEventSynchronize
+#define gpuEventQuery cudaEventQuery
+#define gpuErrorNotReady cudaErrorNotReady
 #define gpuEventElapsedTime cudaEventElapsedTime
 #define gpuEventDestroy cudaEventDestroy
 #define gpuGraph_t cudaGraph_t
@@ -120,6 +124,13 @@ struct DeviceInfo {
 };
 // The current device (device 0 unless the caller selected another).
 DeviceInfo device_info();
+
+struct MemoryInfo {
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+// Device memory of the current device: what is free for new allocations now, and all of it.
+MemoryInfo memory_info();
 
 // Device-to-device copy bandwidth in GB/s (bytes read plus bytes written per second), the median of several
 // copies of 1 GiB: the practical bound of a pass that streams weights.
@@ -186,6 +197,8 @@ class Event {
   gpuEvent_t get() const { return event_; }
   void record(gpuStream_t stream) const;
   void synchronize() const;
+  // Whether the work before the last record() is done (true for an event never recorded); does not block.
+  bool done() const;
   // Milliseconds from `start` to this event; both must have been recorded with timing enabled.
   float milliseconds_since(const Event& start) const;
 

@@ -1,7 +1,10 @@
 // The llama forward pass on a GPU: the computation of cpu::Transformer (backend/cpu/transformer.h) with the
 // same interface, so that a caller can run either backend. Weights stay in device memory in their stored
-// types (gpu::DeviceResidency); activations are f32, the KV cache f16, all in device memory. A decoding step
-// (one token) is captured once as a graph (CUDA graph / hipGraph) and replayed for every later token: the
+// types (gpu::DeviceResidency); activations are f32, the KV cache f16, all in device memory. Constructing a
+// Transformer checks that weights, KV cache and activations fit in device memory and starts streaming the
+// weights in execution order; a forward pass waits for each layer just before running it, so the first
+// prompt is computed while later layers still arrive. A decoding step (one token) is captured once as a
+// graph (CUDA graph / hipGraph), once every weight is resident, and replayed for every later token: the
 // token and its position travel to the device as data, so the recorded launches never change.
 #pragma once
 #include <cstdint>
@@ -19,6 +22,8 @@ struct TransformerOptions {
   int64_t context = 0;      // positions the KV cache holds; 0: min(model context, kDefaultContext)
   int64_t max_batch = 512;  // tokens per pass; a longer batch runs as several passes
   bool graphs = true;       // replay decoding steps from a captured graph
+  // Device memory the model may take (weights, KV cache, activations); 0: what the device has free.
+  uint64_t device_memory = 0;
 };
 
 // Which logits forward() returns.
@@ -27,14 +32,17 @@ enum class Logits {
   All,   // of every token, row by row (evaluation, perplexity)
 };
 
-// The residency a plan must be built with to run here (gpu::DeviceResidency).
+// The residency a plan must be built with to run here (gpu::DeviceResidency): 8 reader threads (at most one
+// per hardware thread) and a progress bar on a terminal while loading takes longer than a moment.
 std::shared_ptr<model::Residency> make_residency();
 
 class Transformer {
  public:
-  // Allocates the KV cache and the activations on the device; the plan's weights upload as they are first
-  // used. A model the kernels cannot run (a head dimension above 256, rows of float weights that are not a
-  // multiple of 8 values, ...) is an rf::Error naming what is wrong.
+  // Allocates the KV cache and the activations on the device and starts streaming the plan's weights; returns
+  // without waiting for them. A model the kernels cannot run (a head dimension above 256, rows of float
+  // weights that are not a multiple of 8 values, ...), a plan not built with make_residency(), and a model
+  // whose weights, KV cache and activations do not fit in device memory (TransformerOptions::device_memory)
+  // are rf::Errors naming what is wrong, raised before any weight is uploaded.
   explicit Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
