@@ -155,6 +155,52 @@ TEST_P(GpuWeightTypes, MatvecMatchesDequantizedProduct) {
   }
 }
 
+// Three matrices in one launch, with more rows than one wave of thread blocks covers and segment boundaries
+// inside a thread block's rows.
+TEST_F(GpuKernels, MatvecCoversRoundsAndSegments) {
+  for (const TensorType type : {TensorType::Q4_K, TensorType::Q6_K, TensorType::F16}) {
+    const int64_t cols = 256;
+    const int64_t rows[kMaxMatvecSegments] = {9001, 11003, 7005};
+    std::vector<TestMatrix> matrices;
+    for (const int64_t r : rows) matrices.push_back(make_matrix(type, r, cols, stream()));
+    for (const int batch : {1, 3}) {
+      const std::vector<float> x = random_values(static_cast<size_t>(batch * cols), 200 + batch);
+      const std::vector<float> x_seen = activations_seen(type, x, cols);
+      const DeviceBuffer x_device = to_device(x);
+      DeviceBuffer q(x.size(), "q");
+      DeviceBuffer scales(x.size() / kActivationBlock * sizeof(ActivationScale), "scales");
+      ProductInput input;
+      input.f32 = x_device.as<float>();
+      if (activation_blocks(type) != ActivationBlocks::None) {
+        quantize_rows(activation_blocks(type), input.f32, batch, cols, q.as<int8_t>(), scales.as<ActivationScale>(),
+                      nullptr, stream());
+        input.q = q.as<int8_t>();
+        input.scales = scales.as<ActivationScale>();
+      }
+      std::vector<DeviceBuffer> outputs;
+      std::vector<MatvecSegment> segments;
+      for (const TestMatrix& m : matrices) {
+        outputs.emplace_back(static_cast<size_t>(batch * m.rows) * sizeof(float), "y");
+        segments.push_back({m.view(), m.rows, outputs.back().as<float>()});
+      }
+      matvec(type, segments, cols, input, batch, false, stream());
+      synchronize();
+      for (size_t s = 0; s < matrices.size(); ++s) {
+        const TestMatrix& m = matrices[s];
+        std::vector<double> expected(static_cast<size_t>(batch * m.rows));
+        for (int b = 0; b < batch; ++b)
+          for (int64_t r = 0; r < m.rows; ++r) {
+            double sum = 0.0;
+            for (int64_t c = 0; c < cols; ++c) sum += static_cast<double>(m.values[r * cols + c]) * x_seen[b * cols + c];
+            expected[b * m.rows + r] = sum;
+          }
+        EXPECT_LT(relative_error(to_host<float>(outputs[s], expected.size()), expected), 1e-5)
+            << tensor_type_name(type) << " batch " << batch << ", segment " << s;
+      }
+    }
+  }
+}
+
 TEST_P(GpuWeightTypes, DequantizeAndEmbedMatchCpu) {
   const TensorType type = GetParam();
   const TestMatrix m = make_matrix(type, 11, 512, stream());

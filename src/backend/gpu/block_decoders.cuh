@@ -470,6 +470,8 @@ struct Decoder<TensorType::IQ4_XS> {
 // loads that together cover whole sectors, and a lane holds only its raw chunk (8 registers) until it dots it
 // with the 8-bit activations, which leaves room for kUnroll chunks in flight per lane.
 //
+//   ChunkDecoder<T>::kMaxRowBlocks        rows of at most this many blocks go by chunks, wider ones by slices
+//                                         (Decoder<T>), whichever measured faster at that width
 //   ChunkDecoder<T>::kChunks, kUnroll     chunks per block; chunks a lane loads before it decodes the first
 //   ChunkDecoder<T>::load(w, b, c)        the raw bytes of chunk c of block b (b counted as in Decoder<T>)
 //   ChunkDecoder<T>::dot(raw, c, x, xs)   sum over the chunk of weight * activation; x and xs are the 8-bit
@@ -508,14 +510,18 @@ __device__ __forceinline__ int4 or4(const int4& a, const int4& b) {
 template <TensorType T>
 struct ChunkDecoder {
   static constexpr bool kDefined = false;
+  static constexpr int64_t kMaxRowBlocks = 0;
 };
 
 // Chunk j = qs[16j .. 16j + 15] of pair p = j / 2, half m = j % 2: elements 64p + 16m + i (low nibbles,
 // sub-block 2p) and 64p + 32 + 16m + i (high nibbles, sub-block 2p + 1); each lane also loads the block's 16
-// header bytes (one load that the eight lanes on a block share). x = d * scale * q - dmin * min.
+// header bytes (one load that the eight lanes on a block share). x = d * scale * q - dmin * min. Rows of 4096
+// and more (the 8B's) run faster by slices (32 bytes a lane, the header decoded once for them), rows of 2048
+// (the 1B's) by chunks, where slices would leave only four lanes on a row.
 template <>
 struct ChunkDecoder<TensorType::Q4_K> {
   static constexpr bool kDefined = true;
+  static constexpr int64_t kMaxRowBlocks = 8;
   static constexpr int kChunks = 8;
   static constexpr int kUnroll = 4;
   struct Raw {
@@ -551,6 +557,7 @@ struct ChunkDecoder<TensorType::Q4_K> {
 template <>
 struct ChunkDecoder<TensorType::Q6_K> {
   static constexpr bool kDefined = true;
+  static constexpr int64_t kMaxRowBlocks = INT64_MAX;
   static constexpr int kChunks = 8;
   static constexpr int kUnroll = 2;
   struct Raw {

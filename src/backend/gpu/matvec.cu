@@ -6,9 +6,10 @@
 // lanes take consecutive slices, so a group's loads of one step cover consecutive pieces of the row (a few
 // header bytes apart for the quantized types). Each lane issues kUnroll slices' loads before it uses the
 // first, which keeps enough bytes in flight to saturate device memory. Quantized weights meet 8-bit
-// activations in dp4a; float weights meet f32 activations in FMAs. Q4_K and Q6_K go by chunks instead
-// (block_decoders.cuh: ChunkDecoder): 16 bytes of quants a lane, consecutive lanes on consecutive chunks, a
-// whole team on one row where it is wide enough, so that one load of a team reads 512 consecutive bytes.
+// activations in dp4a; float weights meet f32 activations in FMAs. Q6_K, and Q4_K on narrow rows, go by
+// chunks instead (block_decoders.cuh: ChunkDecoder): 16 bytes of quants a lane, consecutive lanes on
+// consecutive chunks, a whole team on one row where it is wide enough, so that one load of a team reads 512
+// consecutive bytes.
 //
 // Each thread block asks for its rows' bytes in L2 (one bulk prefetch) before it waits for the kernel before it
 // (programmatic dependent launch, device.cuh): the weights do not depend on earlier kernels, so their fetch
@@ -82,7 +83,7 @@ struct Segments {
   unsigned first_block[kMaxMatvecSegments + 1];
 };
 
-// kChunks: Q4_K and Q6_K by chunks (ChunkDecoder), else by slices (Decoder). row_bytes: payload bytes per row.
+// kChunks: by chunks (ChunkDecoder), else by slices (Decoder). row_bytes: payload bytes per row.
 template <TensorType T, int kMaxBatch, bool kChunks>
 __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kernel(Segments segments, int64_t cols,
                                                                                   uint32_t row_bytes,
@@ -218,10 +219,9 @@ int lanes_per_row(int64_t cols) {
   return lanes;
 }
 
-template <TensorType T, int kMaxBatch>
+template <TensorType T, int kMaxBatch, bool kChunks>
 void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch,
             bool accumulate, gpuStream_t stream) {
-  constexpr bool kChunks = ChunkDecoder<T>::kDefined;
   const int lanes = lanes_per_row<T, kChunks>(cols);
   // Staged activations: levels and scales (quantized weights) or f32 values, whole 16-byte pieces.
   const int64_t stage_bytes = Decoder<T>::kBlockElements >= kActivationBlock && x.q
@@ -245,6 +245,19 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
   const size_t shared_bytes = staged ? static_cast<size_t>(stage_bytes) : 0;
   launch_overlapped("matvec", matvec_kernel<T, kMaxBatch, kChunks>, blocks, kThreads, shared_bytes, stream, packed,
                     cols, row_bytes, x, batch, lanes, staged, accumulate);
+}
+
+// By chunks where the type has a chunk decoder and the row is narrow enough for it, else by slices.
+template <TensorType T, int kMaxBatch>
+void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch,
+            bool accumulate, gpuStream_t stream) {
+  if constexpr (ChunkDecoder<T>::kDefined) {
+    if (cols / Decoder<T>::kBlockElements <= ChunkDecoder<T>::kMaxRowBlocks) {
+      launch<T, kMaxBatch, true>(type, segments, cols, x, batch, accumulate, stream);
+      return;
+    }
+  }
+  launch<T, kMaxBatch, false>(type, segments, cols, x, batch, accumulate, stream);
 }
 
 }  // namespace

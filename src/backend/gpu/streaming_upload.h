@@ -2,9 +2,10 @@
 // Staging buffers are pinned host memory, so copies from them are asynchronous DMA. consume() enqueues a
 // chunk's copies on a copy stream of its own and records the buffer's event, on which wait_reusable() waits
 // before a reader refills the buffer; group_done() records the group's ready event, which wait_group()
-// waits on (so a forward pass waits for the layer it is about to run, not for the whole model). Weights land in the device layout of weight_layout.h: types stored as in the file are copied
-// straight to their place; split types go through a device staging area, from which split_block_scales()
-// moves the scales out of the blocks.
+// waits on (so a forward pass waits for the layer it is about to run, not for the whole model). Weights land
+// in the device layout of weight_layout.h: types stored as in the file are copied straight to their place;
+// split types go through a device staging area, from which split_block_scales() moves the scales out of the
+// blocks.
 //
 //   StreamingUpload upload(*file, groups.size());
 //   loader::StreamingLoader loader(file, groups, upload);  // returns at once; the upload runs behind
