@@ -145,7 +145,8 @@ std::string model_description(const gguf::File& file) {
 }
 
 void print_table(const std::string& model, uint64_t size, uint64_t params, const std::string& backend, int threads,
-                 const std::vector<TestResult>& results, const LoadTimes& load, uint64_t bytes_per_token) {
+                 const std::vector<TestResult>& results, const LoadTimes& load, uint64_t bytes_per_token,
+                 double copy_gbps) {
   // The backend column is as wide as its name ("CPU", "NVIDIA H200", ...).
   const size_t backend_width = std::max<size_t>(7, backend.size());
   fmt::print("| {:<24} | {:>10} | {:>10} | {:<{}} | {:>7} | {:>6} | {:>16} | {:>6} |\n", "model", "size", "params",
@@ -160,17 +161,23 @@ void print_table(const std::string& model, uint64_t size, uint64_t params, const
              load.ready_ms, load.first_token_ms);
   if (load.gb_per_s > 0) fmt::print("weights loaded at {:.1f} GB/s (file to device)\n", load.gb_per_s);
   fmt::print("decode reads {} of weights per token\n", size_text(bytes_per_token));
+  if (copy_gbps > 0) {
+    fmt::print("device-to-device copy bandwidth {:.0f} GB/s (the bound for decoding)\n", copy_gbps);
+    for (const TestResult& r : results)
+      if (r.generation) fmt::print("{} reads weights at {:.1f}% of it\n", r.name, 100 * r.gbps / copy_gbps);
+  }
 }
 
 void print_json(const std::string& model, uint64_t size, uint64_t params, const std::string& backend, int threads,
-                const std::vector<TestResult>& results, const LoadTimes& load) {
+                const std::vector<TestResult>& results, const LoadTimes& load, double copy_gbps) {
   nlohmann::json tests = nlohmann::json::array();
   for (const TestResult& r : results) {
     nlohmann::json test = {{"test", r.name}, {"tokens_per_s", r.tokens_per_s}, {"std", r.std}};
     if (r.generation) test["gbps"] = r.gbps;
+    if (r.generation && copy_gbps > 0) test["fraction_of_copy_bandwidth"] = r.gbps / copy_gbps;
     tests.push_back(test);
   }
-  const nlohmann::json out = {
+  nlohmann::json out = {
       {"model", model},
       {"size_bytes", size},
       {"params", params},
@@ -183,6 +190,7 @@ void print_json(const std::string& model, uint64_t size, uint64_t params, const 
         {"first_token_ms", load.first_token_ms},
         {"gb_per_s", load.gb_per_s}}},
   };
+  if (copy_gbps > 0) out["copy_gbps"] = copy_gbps;
   fmt::print("{}\n", out.dump(2));
 }
 
@@ -215,12 +223,19 @@ void run_benchmarks(engine::Engine& engine, const BenchOptions& options, Clock::
     results.push_back(tg);
   }
 
+  // On a GPU, the bound decoding approaches: streaming the weights once per token at the device's copy bandwidth.
+  double copy_gbps = 0.0;
+#if ROCMFORGE_HAVE_GPU
+  if (engine.device() == engine::Device::Gpu) copy_gbps = gpu::measure_copy_bandwidth();
+#endif
+
   const gguf::File& file = engine.file();
   const std::string model = model_description(file);
   if (options.json)
-    print_json(model, file.tensor_bytes(), file.parameter_count(), backend, threads, results, load);
+    print_json(model, file.tensor_bytes(), file.parameter_count(), backend, threads, results, load, copy_gbps);
   else
-    print_table(model, file.tensor_bytes(), file.parameter_count(), backend, threads, results, load, bytes_per_token);
+    print_table(model, file.tensor_bytes(), file.parameter_count(), backend, threads, results, load, bytes_per_token,
+                copy_gbps);
 }
 
 void bench(const BenchOptions& options) {
@@ -231,11 +246,6 @@ void bench(const BenchOptions& options) {
   engine_options.context = bench_context(options);
   engine::Engine engine(options.model, engine_options);
   run_benchmarks(engine, options, start);
-#if ROCMFORGE_HAVE_GPU
-  // The bound decoding approaches: streaming the weights once per token at the device's copy bandwidth.
-  if (engine.device() == engine::Device::Gpu && !options.json)
-    fmt::print("device-to-device copy bandwidth {:.0f} GB/s\n", gpu::measure_copy_bandwidth());
-#endif
 }
 
 }  // namespace

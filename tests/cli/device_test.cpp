@@ -102,6 +102,11 @@ TEST_F(DeviceTest, GpuEvalAndBench) {
   const nlohmann::json json = nlohmann::json::parse(bench.out);
   EXPECT_NE(json.at("backend"), "CPU");
   EXPECT_EQ(json.at("threads"), 1);
+  // Decoding's bound: the measured copy bandwidth, and the tg test's share of it.
+  const double copy_gbps = json.at("copy_gbps");
+  EXPECT_GT(copy_gbps, 100.0);
+  const nlohmann::json& tg = json.at("tests").at(1);
+  EXPECT_DOUBLE_EQ(tg.at("fraction_of_copy_bandwidth").get<double>(), tg.at("gbps").get<double>() / copy_gbps);
 }
 
 }  // namespace
