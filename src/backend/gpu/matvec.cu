@@ -77,6 +77,31 @@ __device__ __forceinline__ float slice_dot(const FloatSlice<N>& s, int, const Pr
   return sum;
 }
 
+// A lane's share of one row: pieces (slices or chunks, kPerBlock to a block) lane, lane + lanes, ... of the
+// row's `pieces`. Each round issues kUnroll pieces' loads before it uses the first, which keeps enough bytes
+// in flight to saturate device memory; dot(loaded, block, piece, b) is the piece's dot product with batch
+// row b.
+template <int kUnroll, int kPerBlock, int kMaxBatch, typename Load, typename Dot>
+__device__ __forceinline__ void accumulate_row(int64_t pieces, int lane, int lanes, int batch, const Load& load,
+                                               const Dot& dot, float (&acc)[kMaxBatch]) {
+  for (int64_t base = lane; base < pieces; base += static_cast<int64_t>(lanes) * kUnroll) {
+    decltype(load(int64_t{0}, 0)) loaded[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t piece = base + u * lanes;
+      if (piece < pieces) loaded[u] = load(piece / kPerBlock, static_cast<int>(piece % kPerBlock));
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t piece = base + u * lanes;
+#pragma unroll
+      for (int b = 0; b < kMaxBatch; ++b)
+        if (piece < pieces && b < batch)
+          acc[b] += dot(loaded[u], piece / kPerBlock, static_cast<int>(piece % kPerBlock), b);
+    }
+  }
+}
+
 // The segments of one launch; thread blocks first_block[s] .. first_block[s + 1] - 1 compute segment s.
 struct Segments {
   MatvecSegment segment[kMaxMatvecSegments];
@@ -152,47 +177,22 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
   float acc[kMaxBatch] = {};
   if constexpr (kChunks) {
     using C = ChunkDecoder<T>;
-    constexpr int unroll = C::kUnroll;
-    const int64_t chunks = valid ? blocks_per_row * C::kChunks : 0;
-    for (int64_t base = lane; base < chunks; base += static_cast<int64_t>(lanes) * unroll) {
-      typename C::Raw raw[unroll];
-#pragma unroll
-      for (int u = 0; u < unroll; ++u) {
-        const int64_t chunk = base + u * lanes;
-        if (chunk < chunks)
-          raw[u] = C::load(weight, first_weight_block + chunk / C::kChunks, static_cast<int>(chunk % C::kChunks));
-      }
-#pragma unroll
-      for (int u = 0; u < unroll; ++u) {
-        const int64_t chunk = base + u * lanes;
-        const int64_t block_first = chunk / C::kChunks * D::kBlockElements;
-#pragma unroll
-        for (int b = 0; b < kMaxBatch; ++b)
-          if (chunk < chunks && b < batch)
-            acc[b] += C::dot(raw[u], static_cast<int>(chunk % C::kChunks), x.q + b * cols + block_first,
-                             x.scales + (b * cols + block_first) / kActivationBlock);
-      }
-    }
+    accumulate_row<C::kUnroll, C::kChunks, kMaxBatch>(
+        valid ? blocks_per_row * C::kChunks : 0, lane, lanes, batch,
+        [&](int64_t block, int chunk) { return C::load(weight, first_weight_block + block, chunk); },
+        [&](const typename C::Raw& raw, int64_t block, int chunk, int b) {
+          const int64_t first = b * cols + block * D::kBlockElements;
+          return C::dot(raw, chunk, x.q + first, x.scales + first / kActivationBlock);
+        },
+        acc);
   } else {
-    constexpr int unroll = kUnroll<D>;
-    for (int64_t base = lane; base < slices; base += static_cast<int64_t>(lanes) * unroll) {
-      typename D::Slice loaded[unroll];
-#pragma unroll
-      for (int u = 0; u < unroll; ++u) {
-        const int64_t s = base + u * lanes;
-        if (s < slices)
-          loaded[u] = D::load(weight, first_weight_block + s / D::kSlices, static_cast<int>(s % D::kSlices));
-      }
-#pragma unroll
-      for (int u = 0; u < unroll; ++u) {
-        const int64_t s = base + u * lanes;
-        const int64_t block_first = s / D::kSlices * D::kBlockElements;
-#pragma unroll
-        for (int b = 0; b < kMaxBatch; ++b)
-          if (s < slices && b < batch)
-            acc[b] += slice_dot<D>(loaded[u], static_cast<int>(s % D::kSlices), x, cols, b, block_first);
-      }
-    }
+    accumulate_row<kUnroll<D>, D::kSlices, kMaxBatch>(
+        slices, lane, lanes, batch,
+        [&](int64_t block, int slice) { return D::load(weight, first_weight_block + block, slice); },
+        [&](const typename D::Slice& loaded, int64_t block, int slice, int b) {
+          return slice_dot<D>(loaded, slice, x, cols, b, block * D::kBlockElements);
+        },
+        acc);
   }
   for (int mask = lanes / 2; mask > 0; mask /= 2)
 #pragma unroll

@@ -69,9 +69,15 @@ double measure_copy_bandwidth() {
   return 2.0 * kBytes / (milliseconds[milliseconds.size() / 2] * 1e-3) * 1e-9;
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes, const char* what) : bytes_(bytes) {
-  if (bytes == 0) return;
-  const gpuError_t status = gpuMalloc(&data_, bytes);
+namespace {
+
+void* allocate(Memory memory, size_t bytes, const char* what) {
+  void* data = nullptr;
+  if (memory == Memory::PinnedHost) {
+    check(gpuHostAlloc(&data, bytes, gpuHostAllocDefault), what);
+    return data;
+  }
+  const gpuError_t status = gpuMalloc(&data, bytes);
   if (status != gpuSuccess) {
     static_cast<void>(gpuGetLastError());
     size_t free_bytes = 0;
@@ -80,38 +86,26 @@ DeviceBuffer::DeviceBuffer(size_t bytes, const char* what) : bytes_(bytes) {
     fail("cannot allocate {:.1f} MiB of device memory for {} ({:.1f} of {:.1f} MiB free): {}", bytes / 1048576.0,
          what, free_bytes / 1048576.0, total_bytes / 1048576.0, gpuGetErrorString(status));
   }
+  return data;
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (data_) static_cast<void>(gpuFree(data_));
+void release(Memory memory, void* data) {
+  static_cast<void>(memory == Memory::PinnedHost ? gpuFreeHost(data) : gpuFree(data));
 }
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+}  // namespace
 
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
-  std::swap(data_, other.data_);
-  std::swap(bytes_, other.bytes_);
-  return *this;
+template <Memory kMemory>
+Buffer<kMemory>::Buffer(size_t bytes, const char* what)
+    : data_(bytes > 0 ? allocate(kMemory, bytes, what) : nullptr), bytes_(bytes) {}
+
+template <Memory kMemory>
+Buffer<kMemory>::~Buffer() {
+  if (data_) release(kMemory, data_);
 }
 
-PinnedBuffer::PinnedBuffer(size_t bytes, const char* what) : bytes_(bytes) {
-  if (bytes == 0) return;
-  check(gpuHostAlloc(&data_, bytes, gpuHostAllocDefault), what);
-}
-
-PinnedBuffer::~PinnedBuffer() {
-  if (data_) static_cast<void>(gpuFreeHost(data_));
-}
-
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
-  std::swap(data_, other.data_);
-  std::swap(bytes_, other.bytes_);
-  return *this;
-}
+template class Buffer<Memory::Device>;
+template class Buffer<Memory::PinnedHost>;
 
 Stream::Stream() { check(gpuStreamCreateWithFlags(&stream_, gpuStreamNonBlocking), "creating a stream"); }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 
 #if defined(ROCMFORGE_GPU_HIP)
 #include <hip/hip_runtime_api.h>
@@ -136,14 +137,25 @@ MemoryInfo memory_info();
 // copies of 1 GiB: the practical bound of a pass that streams weights.
 double measure_copy_bandwidth();
 
-// Device memory of `bytes`, freed on destruction; allocation failure is an rf::Error naming `what`.
-class DeviceBuffer {
+enum class Memory {
+  Device,      // device memory
+  PinnedHost,  // page-locked host memory: copies from and to it run as asynchronous DMA
+};
+
+// `bytes` of memory of kind kMemory, freed on destruction; allocation failure is an rf::Error naming `what`.
+template <Memory kMemory>
+class Buffer {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(size_t bytes, const char* what);
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& other) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  Buffer() = default;
+  Buffer(size_t bytes, const char* what);
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  Buffer& operator=(Buffer&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+    return *this;
+  }
 
   void* data() const { return data_; }
   template <typename T>
@@ -154,25 +166,10 @@ class DeviceBuffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
-
-// Page-locked host memory: copies from and to it run as asynchronous DMA.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(size_t bytes, const char* what);
-  ~PinnedBuffer();
-  PinnedBuffer(PinnedBuffer&& other) noexcept;
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
-
-  void* data() const { return data_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
+extern template class Buffer<Memory::Device>;
+extern template class Buffer<Memory::PinnedHost>;
+using DeviceBuffer = Buffer<Memory::Device>;
+using PinnedBuffer = Buffer<Memory::PinnedHost>;
 
 // A non-blocking stream (it does not synchronize with the legacy default stream).
 class Stream {
