@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "backend/gpu/runtime.h"
 #include "quant/blocks.h"
 #include "quant/quant.h"
+#include "random_normal.h"
 #include "util/half.h"
 
 namespace rf::gpu {
@@ -35,14 +35,6 @@ class GpuKernels : public ::testing::Test {
  private:
   std::unique_ptr<Stream> stream_;
 };
-
-std::vector<float> random_values(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(n);
-  for (float& v : values) v = normal(rng);
-  return values;
-}
 
 template <typename T>
 DeviceBuffer to_device(const std::vector<T>& host) {
@@ -100,7 +92,7 @@ struct TestMatrix {
 
 TestMatrix make_matrix(TensorType type, int64_t rows, int64_t cols, gpuStream_t stream) {
   TestMatrix m{type, rows, cols, {}, {}, {}};
-  const std::vector<float> source = random_values(static_cast<size_t>(rows * cols), 7 + static_cast<uint32_t>(type));
+  const std::vector<float> source = test::random_normal(static_cast<size_t>(rows * cols), 7 + static_cast<uint32_t>(type));
   m.stored.resize(row_bytes(type, static_cast<uint64_t>(cols)) * static_cast<size_t>(rows));
   quant::quantize(type, source.data(), m.stored.data(), rows, cols);
   m.values.resize(source.size());
@@ -119,7 +111,7 @@ TEST_P(GpuWeightTypes, MatvecMatchesDequantizedProduct) {
   for (const int64_t cols : {1024, 4864}) {
     const TestMatrix m = make_matrix(type, 37, cols, stream());
     for (int batch = 1; batch <= kMaxMatvecBatch; ++batch) {
-      const std::vector<float> x = random_values(static_cast<size_t>(batch * m.cols), 100 + batch);
+      const std::vector<float> x = test::random_normal(static_cast<size_t>(batch * m.cols), 100 + batch);
       const std::vector<float> x_seen = activations_seen(type, x, m.cols);
       std::vector<double> expected(static_cast<size_t>(batch * m.rows));
       for (int b = 0; b < batch; ++b)
@@ -164,7 +156,7 @@ TEST_F(GpuKernels, MatvecCoversRoundsAndSegments) {
     std::vector<TestMatrix> matrices;
     for (const int64_t r : rows) matrices.push_back(make_matrix(type, r, cols, stream()));
     for (const int batch : {1, 3}) {
-      const std::vector<float> x = random_values(static_cast<size_t>(batch * cols), 200 + batch);
+      const std::vector<float> x = test::random_normal(static_cast<size_t>(batch * cols), 200 + batch);
       const std::vector<float> x_seen = activations_seen(type, x, cols);
       const DeviceBuffer x_device = to_device(x);
       DeviceBuffer q(x.size(), "q");
@@ -246,8 +238,8 @@ TEST(GpuKernelCoverage, EverySupportedTypeHasKernels) {
 
 TEST_F(GpuKernels, RmsnormMatchesCpu) {
   const int64_t rows = 3, cols = 4096;
-  const std::vector<float> x = random_values(static_cast<size_t>(rows * cols), 1);
-  const std::vector<float> weight = random_values(static_cast<size_t>(cols), 2);
+  const std::vector<float> x = test::random_normal(static_cast<size_t>(rows * cols), 1);
+  const std::vector<float> weight = test::random_normal(static_cast<size_t>(cols), 2);
   const DeviceBuffer x_device = to_device(x);
   const DeviceBuffer w_device = to_device(weight);
   DeviceBuffer out(x.size() * sizeof(float), "out");
@@ -262,8 +254,8 @@ TEST_F(GpuKernels, RmsnormMatchesCpu) {
 }
 
 TEST_F(GpuKernels, SwigluMatchesCpu) {
-  std::vector<float> gate = random_values(1024, 3);
-  const std::vector<float> up = random_values(1024, 4);
+  std::vector<float> gate = test::random_normal(1024, 3);
+  const std::vector<float> up = test::random_normal(1024, 4);
   DeviceBuffer gate_device = to_device(gate);
   const DeviceBuffer up_device = to_device(up);
   ActivationOutput output;
@@ -279,7 +271,7 @@ TEST_F(GpuKernels, SwigluMatchesCpu) {
 // K-quant. Values span several magnitudes so that every block has its own scale.
 TEST_F(GpuKernels, QuantizedActivationsMatchCpu) {
   const int64_t rows = 3, cols = 1024;
-  std::vector<float> x = random_values(static_cast<size_t>(rows * cols), 5);
+  std::vector<float> x = test::random_normal(static_cast<size_t>(rows * cols), 5);
   for (size_t i = 0; i < x.size(); ++i) x[i] *= std::ldexp(1.0f, static_cast<int>(i / 256 % 5) - 2);
   const DeviceBuffer x_device = to_device(x);
   for (const TensorType weight_type : {TensorType::Q4_0, TensorType::Q4_K}) {
@@ -342,10 +334,10 @@ void check_attention(model::RopeStyle style, int64_t n_tokens, gpuStream_t strea
   const int64_t context = 600, position = 300;
   const int64_t q_dim = shape.q_dim(), kv_dim = shape.kv_dim();
 
-  const std::vector<float> q = random_values(static_cast<size_t>(n_tokens * q_dim), 11);
-  const std::vector<float> k = random_values(static_cast<size_t>(n_tokens * kv_dim), 12);
-  const std::vector<float> v = random_values(static_cast<size_t>(n_tokens * kv_dim), 13);
-  const std::vector<float> cache_values = random_values(static_cast<size_t>(2 * context * kv_dim), 14);
+  const std::vector<float> q = test::random_normal(static_cast<size_t>(n_tokens * q_dim), 11);
+  const std::vector<float> k = test::random_normal(static_cast<size_t>(n_tokens * kv_dim), 12);
+  const std::vector<float> v = test::random_normal(static_cast<size_t>(n_tokens * kv_dim), 13);
+  const std::vector<float> cache_values = test::random_normal(static_cast<size_t>(2 * context * kv_dim), 14);
   std::vector<uint16_t> key_cache(static_cast<size_t>(context * kv_dim));
   std::vector<uint16_t> value_cache(key_cache.size());
   for (size_t i = 0; i < key_cache.size(); ++i) {

@@ -4,31 +4,23 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "backend/cpu/vec_dot.h"
 #include "quant/quant.h"
+#include "random_normal.h"
 #include "util/error.h"
 
 namespace rf {
 namespace {
-
-std::vector<float> random_vector(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 class MatmulTest : public ::testing::TestWithParam<TensorType> {};
 
 TEST_P(MatmulTest, MatchesDequantizedProduct) {
   const TensorType type = GetParam();
   constexpr int64_t kRows = 96, kCols = 512, kTokens = 5;
-  const std::vector<float> w = random_vector(kRows * kCols, 1);
-  const std::vector<float> x = random_vector(kTokens * kCols, 2);
+  const std::vector<float> w = test::random_normal(kRows * kCols, 1);
+  const std::vector<float> x = test::random_normal(kTokens * kCols, 2);
   const size_t row_bytes = rf::row_bytes(type, kCols);
   std::vector<uint8_t> blocks(row_bytes * kRows);
   quant::quantize(type, w.data(), blocks.data(), kRows, kCols);
@@ -82,7 +74,7 @@ INSTANTIATE_TEST_SUITE_P(Types, MatmulTest,
 
 TEST(MatmulTest, ProductsSharingAnInputRunAsOne) {
   constexpr int64_t kCols = 256, kTokens = 3;
-  const std::vector<float> x = random_vector(kTokens * kCols, 4);
+  const std::vector<float> x = test::random_normal(kTokens * kCols, 4);
   struct Weight {
     TensorType type;
     int64_t rows;
@@ -90,7 +82,7 @@ TEST(MatmulTest, ProductsSharingAnInputRunAsOne) {
   };
   std::vector<Weight> weights = {{TensorType::Q4_K, 40, {}}, {TensorType::Q6_K, 24, {}}, {TensorType::Q8_0, 8, {}}};
   for (Weight& w : weights) {
-    const std::vector<float> values = random_vector(w.rows * kCols, static_cast<uint32_t>(w.rows));
+    const std::vector<float> values = test::random_normal(w.rows * kCols, static_cast<uint32_t>(w.rows));
     w.blocks.resize(row_bytes(w.type, kCols) * w.rows);
     quant::quantize(w.type, values.data(), w.blocks.data(), w.rows, kCols);
   }
@@ -116,7 +108,7 @@ TEST(MatmulTest, ProductsSharingAnInputRunAsOne) {
 
 TEST(QuantizedRowsTest, QuantizesOncePerActivationType) {
   // Q4_K and Q6_K both take Q8_K activations: the second matrix reuses the first one's quantized rows.
-  const std::vector<float> x = random_vector(256, 3);
+  const std::vector<float> x = test::random_normal(256, 3);
   cpu::ThreadPool pool(1);
   cpu::QuantizedRows input;
   input.set(x.data(), 1, 256);

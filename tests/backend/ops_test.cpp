@@ -4,21 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
+#include "random_normal.h"
 #include "util/half.h"
 
 namespace rf {
 namespace {
-
-std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 model::ModelConfig rope_config(int64_t head_dim, int64_t rope_dims) {
   model::ModelConfig c;
@@ -29,8 +21,8 @@ model::ModelConfig rope_config(int64_t head_dim, int64_t rope_dims) {
 }
 
 TEST(OpsTest, RmsNorm) {
-  const std::vector<float> x = random_vector(300, 1, 3.0f);
-  const std::vector<float> w = random_vector(300, 2);
+  const std::vector<float> x = test::random_normal(300, 1, 3.0f);
+  const std::vector<float> w = test::random_normal(300, 2);
   std::vector<float> out(300);
   cpu::rmsnorm(out.data(), x.data(), w.data(), 300, 1e-5f);
   double ss = 0.0;
@@ -50,9 +42,9 @@ TEST(OpsTest, SoftmaxIsStableAndNormalized) {
 }
 
 TEST(OpsTest, SwiGlu) {
-  std::vector<float> gate = random_vector(64, 3, 4.0f);
+  std::vector<float> gate = test::random_normal(64, 3, 4.0f);
   const std::vector<float> original = gate;
-  const std::vector<float> up = random_vector(64, 4);
+  const std::vector<float> up = test::random_normal(64, 4);
   cpu::swiglu(gate.data(), up.data(), 64);
   for (size_t i = 0; i < gate.size(); ++i) {
     const double g = original[i];
@@ -84,7 +76,7 @@ TEST(OpsTest, RopeBothStylesMatchNaive) {
       const std::vector<double> inverse = cpu::rope_inverse_frequencies(c, nullptr);
       std::vector<float> cos_sin(static_cast<size_t>(rope_dims));
       for (const int64_t position : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{3000}}) {
-        std::vector<float> x = random_vector(3 * 64, 5);
+        std::vector<float> x = test::random_normal(3 * 64, 5);
         const std::vector<float> expected = naive_rope(x, 3, 64, rope_dims, position, style);
         cpu::rope_angles(cos_sin.data(), position, inverse);
         cpu::rope(x.data(), 3, 64, cos_sin.data(), rope_dims / 2, style);
@@ -98,7 +90,7 @@ TEST(OpsTest, RopeDependsOnlyOnRelativePosition) {
   const model::ModelConfig c = rope_config(16, 16);
   const std::vector<double> inverse = cpu::rope_inverse_frequencies(c, nullptr);
   const auto rotated_dot = [&](int64_t pq, int64_t pk) {
-    std::vector<float> q = random_vector(16, 6), k = random_vector(16, 7), cs(16);
+    std::vector<float> q = test::random_normal(16, 6), k = test::random_normal(16, 7), cs(16);
     cpu::rope_angles(cs.data(), pq, inverse);
     cpu::rope(q.data(), 1, 16, cs.data(), 8, model::RopeStyle::Normal);
     cpu::rope_angles(cs.data(), pk, inverse);
@@ -149,8 +141,8 @@ std::vector<double> naive_attention(const std::vector<float>& q, const std::vect
 TEST(OpsTest, AttentionF32AndF16MatchNaive) {
   // head_dim 20 exercises the 8-wide loop and its scalar tail; stride 40 places the head inside a wider row.
   constexpr int64_t kDim = 20, kStride = 40, kPositions = 37;
-  const std::vector<float> q = random_vector(kDim, 8);
-  std::vector<float> keys = random_vector(kPositions * kStride, 9), values = random_vector(kPositions * kStride, 10);
+  const std::vector<float> q = test::random_normal(kDim, 8);
+  std::vector<float> keys = test::random_normal(kPositions * kStride, 9), values = test::random_normal(kPositions * kStride, 10);
   std::vector<uint16_t> keys16(keys.size()), values16(values.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     keys16[i] = fp32_to_fp16(keys[i]);
