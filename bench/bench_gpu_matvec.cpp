@@ -1,8 +1,8 @@
-// The decode products of an 8B llama (Q4_K_M and F16) one launch at a time on the GPU: each product is
-// launched back to back on one stream and timed with events, which is how a captured decode step replays
-// them. Reports microseconds per product and the weight bytes it streams per second. The weights are a
-// constant byte pattern (the kernels' speed does not depend on the values), so nothing is quantized on the
-// host. Skips when no GPU is present.
+// The decode products of an 8B llama (Q4_K_M and F16) and the largest ones of a 1B, one launch at a time on
+// the GPU: each product is launched back to back on one stream and timed with events, which is how a
+// captured decode step replays them. Reports microseconds per product and the weight bytes it streams per
+// second. The weights are a constant byte pattern (the kernels' speed does not depend on the values), so
+// nothing is quantized on the host. Skips when no GPU is present.
 #include <benchmark/benchmark.h>
 
 #if ROCMFORGE_HAVE_GPU
@@ -20,6 +20,8 @@ using namespace rf::gpu;
 constexpr int64_t kDim = 4096;
 constexpr int64_t kHidden = 14336;
 constexpr int64_t kVocab = 128256;
+constexpr int64_t k1bDim = 2048;
+constexpr int64_t k1bHidden = 8192;
 
 // Matrices of one type and width read in one launch (q and k; gate and up), and the batch of input rows.
 void products(benchmark::State& state, TensorType type, std::vector<int64_t> rows, int64_t cols, int batch) {
@@ -86,10 +88,13 @@ void register_products() {
       {"attn_output/Q4_K", TensorType::Q4_K, {kDim}, kDim},
       {"gate_up/Q4_K", TensorType::Q4_K, {kHidden, kHidden}, kDim},
       {"down/Q6_K", TensorType::Q6_K, {kDim}, kHidden},
+      {"down/Q4_K", TensorType::Q4_K, {kDim}, kHidden},
       {"output/Q6_K", TensorType::Q6_K, {kVocab}, kDim},
       {"q_k_v/F16", TensorType::F16, {kDim, kDim / 4, kDim / 4}, kDim},
       {"gate_up/F16", TensorType::F16, {kHidden, kHidden}, kDim},
       {"down/F16", TensorType::F16, {kDim}, kHidden},
+      {"1b_gate_up/Q4_K", TensorType::Q4_K, {k1bHidden, k1bHidden}, k1bDim},
+      {"1b_down/Q6_K", TensorType::Q6_K, {k1bDim}, k1bHidden},
   };
   for (const Case& c : cases)
     for (const int batch : {1, 4})

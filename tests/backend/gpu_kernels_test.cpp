@@ -309,14 +309,16 @@ TEST_F(GpuKernels, QuantizedActivationsMatchCpu) {
   }
 }
 
-// A small model configuration for the rotary and attention kernels: 8 query heads sharing 2 kv heads.
-model::ModelConfig attention_config(model::RopeStyle style) {
+// A small model configuration for the rotary and attention kernels: by default 8 query heads sharing 2 kv
+// heads.
+model::ModelConfig attention_config(model::RopeStyle style, int64_t n_heads = 8, int64_t n_kv_heads = 2,
+                                    int64_t head_dim = 64) {
   model::ModelConfig c;
-  c.n_heads = 8;
-  c.n_kv_heads = 2;
-  c.head_dim = 64;
+  c.n_heads = n_heads;
+  c.n_kv_heads = n_kv_heads;
+  c.head_dim = head_dim;
   c.n_embd = c.n_heads * c.head_dim;
-  c.rope_dims = 48;  // fewer than head_dim: the tail passes through
+  c.rope_dims = head_dim * 3 / 4;  // fewer than head_dim: the tail passes through
   c.rope_base = 10000.0f;
   c.rope_style = style;
   return c;
@@ -326,90 +328,180 @@ AttentionShape shape_of(const model::ModelConfig& c) {
   return {c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dims / 2, c.rope_style == model::RopeStyle::NeoX};
 }
 
-// Tokens at positions 300.. (past one attention chunk) attend over a cache filled with random rows; the
-// GPU's rotation, cache write and both attention kernels are compared with the CPU's rope and attend.
-void check_attention(model::RopeStyle style, int64_t n_tokens, gpuStream_t stream) {
-  const model::ModelConfig c = attention_config(style);
-  const AttentionShape shape = shape_of(c);
-  const int64_t context = 600, position = 300;
-  const int64_t q_dim = shape.q_dim(), kv_dim = shape.kv_dim();
-
-  const std::vector<float> q = test::random_normal(static_cast<size_t>(n_tokens * q_dim), 11);
-  const std::vector<float> k = test::random_normal(static_cast<size_t>(n_tokens * kv_dim), 12);
-  const std::vector<float> v = test::random_normal(static_cast<size_t>(n_tokens * kv_dim), 13);
-  const std::vector<float> cache_values = test::random_normal(static_cast<size_t>(2 * context * kv_dim), 14);
-  std::vector<uint16_t> key_cache(static_cast<size_t>(context * kv_dim));
-  std::vector<uint16_t> value_cache(key_cache.size());
-  for (size_t i = 0; i < key_cache.size(); ++i) {
-    key_cache[i] = fp32_to_fp16(cache_values[i]);
-    value_cache[i] = fp32_to_fp16(cache_values[key_cache.size() + i]);
+// A cache of `context` random rows, and one partials buffer for every decoding run on it, as a transformer
+// keeps one for all its layers and steps: each run must leave the buffer's counters as it found them.
+class AttentionCheck {
+ public:
+  AttentionCheck(const model::ModelConfig& c, int64_t context, gpuStream_t stream)
+      : c_(c),
+        shape_(shape_of(c)),
+        context_(context),
+        stream_(stream),
+        partials_(static_cast<size_t>(attention_partials_floats(shape_, context)) * sizeof(float), "partials") {
+    const std::vector<float> cache_values = test::random_normal(static_cast<size_t>(2 * context * shape_.kv_dim()), 14);
+    key_cache_.resize(static_cast<size_t>(context * shape_.kv_dim()));
+    value_cache_.resize(key_cache_.size());
+    for (size_t i = 0; i < key_cache_.size(); ++i) {
+      key_cache_[i] = fp32_to_fp16(cache_values[i]);
+      value_cache_[i] = fp32_to_fp16(cache_values[key_cache_.size() + i]);
+    }
+    check(gpuMemsetAsync(partials_.data(), 0, partials_.bytes(), stream), "clearing the partials");
   }
 
-  // CPU: rotate, store as f16, attend.
-  const std::vector<double> inverse = cpu::rope_inverse_frequencies(c, nullptr);
-  std::vector<float> q_cpu = q, k_cpu = k;
-  std::vector<uint16_t> keys_cpu = key_cache, values_cpu = value_cache;
-  std::vector<float> cos_sin(static_cast<size_t>(c.rope_dims));
-  std::vector<float> expected(static_cast<size_t>(n_tokens * q_dim));
-  std::vector<float> scores(static_cast<size_t>(context));
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    cpu::rope_angles(cos_sin.data(), position + t, inverse);
-    cpu::rope(&q_cpu[t * q_dim], c.n_heads, c.head_dim, cos_sin.data(), c.rope_dims / 2, style);
-    cpu::rope(&k_cpu[t * kv_dim], c.n_kv_heads, c.head_dim, cos_sin.data(), c.rope_dims / 2, style);
-    for (int64_t i = 0; i < kv_dim; ++i) {
-      keys_cpu[(position + t) * kv_dim + i] = fp32_to_fp16(k_cpu[t * kv_dim + i]);
-      values_cpu[(position + t) * kv_dim + i] = fp32_to_fp16(v[t * kv_dim + i]);
+  // Tokens at positions `position`.. attend over the cache; the GPU's rotation, cache write and attention
+  // are compared with the CPU's rope and attend. Decoding runs once for each form of its output: f32 only,
+  // and with the 8-bit form of a Q4_0 and of a Q4_K consumer, which must be, level for level, what
+  // quantize_rows makes of the f32 output.
+  void run(int64_t position, int64_t n_tokens) const {
+    const int64_t q_dim = shape_.q_dim(), kv_dim = shape_.kv_dim();
+    const auto seed = static_cast<uint32_t>(position);
+    const std::vector<float> q = test::random_normal(static_cast<size_t>(n_tokens * q_dim), 11 + seed);
+    const std::vector<float> k = test::random_normal(static_cast<size_t>(n_tokens * kv_dim), 12 + seed);
+    const std::vector<float> v = test::random_normal(static_cast<size_t>(n_tokens * kv_dim), 13 + seed);
+
+    // CPU: rotate, store as f16, attend.
+    const std::vector<double> inverse = cpu::rope_inverse_frequencies(c_, nullptr);
+    std::vector<float> q_cpu = q, k_cpu = k;
+    std::vector<uint16_t> keys_cpu = key_cache_, values_cpu = value_cache_;
+    std::vector<float> cos_sin(static_cast<size_t>(c_.rope_dims));
+    std::vector<float> expected(static_cast<size_t>(n_tokens * q_dim));
+    std::vector<float> scores(static_cast<size_t>(context_));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      cpu::rope_angles(cos_sin.data(), position + t, inverse);
+      cpu::rope(&q_cpu[t * q_dim], c_.n_heads, c_.head_dim, cos_sin.data(), c_.rope_dims / 2, c_.rope_style);
+      cpu::rope(&k_cpu[t * kv_dim], c_.n_kv_heads, c_.head_dim, cos_sin.data(), c_.rope_dims / 2, c_.rope_style);
+      for (int64_t i = 0; i < kv_dim; ++i) {
+        keys_cpu[(position + t) * kv_dim + i] = fp32_to_fp16(k_cpu[t * kv_dim + i]);
+        values_cpu[(position + t) * kv_dim + i] = fp32_to_fp16(v[t * kv_dim + i]);
+      }
+    }
+    for (int64_t t = 0; t < n_tokens; ++t)
+      for (int64_t h = 0; h < c_.n_heads; ++h) {
+        const int64_t kv_offset = h / (c_.n_heads / c_.n_kv_heads) * c_.head_dim;
+        const int64_t offset = t * q_dim + h * c_.head_dim;
+        cpu::attend(&expected[offset], &q_cpu[offset], keys_cpu.data() + kv_offset, values_cpu.data() + kv_offset,
+                    position + t + 1, kv_dim, c_.head_dim, 1.0f / std::sqrt(static_cast<float>(c_.head_dim)),
+                    scores.data());
+      }
+
+    // GPU.
+    std::vector<int32_t> step(static_cast<size_t>(1 + n_tokens), 0);
+    step[0] = static_cast<int32_t>(position);
+    const DeviceBuffer step_device = to_device(step);
+    const DeviceBuffer inverse_device = to_device(inverse);
+    DeviceBuffer rope_device(static_cast<size_t>(n_tokens * c_.rope_dims) * sizeof(float), "angles");
+    DeviceBuffer q_device = to_device(q), k_device = to_device(k);
+    const DeviceBuffer v_device = to_device(v);
+    DeviceBuffer keys_device = to_device(key_cache_), values_device = to_device(value_cache_);
+    DeviceBuffer out(expected.size() * sizeof(float), "out");
+    rope_table(inverse_device.as<double>(), c_.rope_dims / 2, step_device.as<int32_t>(), n_tokens,
+               rope_device.as<float>(), stream_);
+    rope_and_store(shape_, q_device.as<float>(), k_device.as<float>(), v_device.as<float>(), rope_device.as<float>(),
+                   n_tokens, step_device.as<int32_t>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(),
+                   stream_);
+    check(gpuStreamSynchronize(stream_), "rotary test");
+
+    // The rotation may round differently (FMA contraction), so the cached halves agree to within an ulp or so.
+    const auto expect_same_cache = [](const std::vector<uint16_t>& got_cache,
+                                      const std::vector<uint16_t>& expected_cache) {
+      for (size_t i = 0; i < expected_cache.size(); ++i) {
+        const float e = fp16_to_fp32(expected_cache[i]);
+        ASSERT_NEAR(fp16_to_fp32(got_cache[i]), e, 2e-3f * std::fabs(e) + 1e-6f) << i;
+      }
+    };
+    expect_same_cache(to_host<uint16_t>(keys_device, keys_cpu.size()), keys_cpu);
+    expect_same_cache(to_host<uint16_t>(values_device, values_cpu.size()), values_cpu);
+    const auto expect_output_matches_cpu = [&](const std::string& what) {
+      const std::vector<float> got = to_host<float>(out, expected.size());
+      for (size_t i = 0; i < expected.size(); ++i)
+        ASSERT_NEAR(got[i], expected[i], 2e-5f) << what << ", position " << position << ", value " << i;
+    };
+
+    if (n_tokens > 1) {
+      attention_prompt(shape_, q_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(),
+                       n_tokens, step_device.as<int32_t>(), out.as<float>(), stream_);
+      check(gpuStreamSynchronize(stream_), "attention test");
+      expect_output_matches_cpu("prompt");
+      return;
+    }
+    const size_t n = expected.size();
+    for (const TensorType consumer : {TensorType::F16, TensorType::Q4_0, TensorType::Q4_K}) {
+      const std::string what = "decoding for " + std::string(tensor_type_name(consumer));
+      DeviceBuffer levels(n, "levels"), expected_levels(n, "levels");
+      DeviceBuffer scales(n / kActivationBlock * sizeof(ActivationScale), "scales");
+      DeviceBuffer expected_scales(scales.bytes(), "scales");
+      ActivationOutput output;
+      output.f32 = out.as<float>();
+      output.blocks = activation_blocks(consumer);
+      if (output.blocks != ActivationBlocks::None) {
+        output.q = levels.as<int8_t>();
+        output.scales = scales.as<ActivationScale>();
+      }
+      // All bits set where the kernel writes (NaN floats and scales), so that what it leaves out shows.
+      for (const DeviceBuffer* buffer : {&out, &levels, &scales})
+        check(gpuMemsetAsync(buffer->data(), 0xff, buffer->bytes(), stream_), "attention test");
+      attention_decode(shape_, q_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(),
+                       context_, step_device.as<int32_t>(), partials_.as<float>(), output, stream_);
+      check(gpuStreamSynchronize(stream_), "attention test");
+      expect_output_matches_cpu(what);
+      if (::testing::Test::HasFatalFailure() || output.blocks == ActivationBlocks::None) continue;
+
+      quantize_rows(output.blocks, out.as<float>(), 1, q_dim, expected_levels.as<int8_t>(),
+                    expected_scales.as<ActivationScale>(), nullptr, stream_);
+      check(gpuStreamSynchronize(stream_), "attention test");
+      const std::vector<int8_t> got = to_host<int8_t>(levels, n);
+      const std::vector<int8_t> want = to_host<int8_t>(expected_levels, n);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << what << ", position " << position << ", level " << i;
+      const std::vector<ActivationScale> got_scales = to_host<ActivationScale>(scales, n / kActivationBlock);
+      const std::vector<ActivationScale> want_scales = to_host<ActivationScale>(expected_scales, n / kActivationBlock);
+      for (size_t b = 0; b < want_scales.size(); ++b) {
+        ASSERT_EQ(got_scales[b].d, want_scales[b].d) << what << ", position " << position << ", block " << b;
+        ASSERT_EQ(got_scales[b].sum[0], want_scales[b].sum[0]) << what << ", position " << position << ", block " << b;
+        ASSERT_EQ(got_scales[b].sum[1], want_scales[b].sum[1]) << what << ", position " << position << ", block " << b;
+      }
     }
   }
-  for (int64_t t = 0; t < n_tokens; ++t)
-    for (int64_t h = 0; h < c.n_heads; ++h) {
-      const int64_t kv_offset = h / (c.n_heads / c.n_kv_heads) * c.head_dim;
-      const int64_t offset = t * q_dim + h * c.head_dim;
-      cpu::attend(&expected[offset], &q_cpu[offset], keys_cpu.data() + kv_offset, values_cpu.data() + kv_offset,
-                  position + t + 1, kv_dim, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-                  scores.data());
-    }
 
-  // GPU.
-  std::vector<int32_t> step(static_cast<size_t>(1 + n_tokens), 0);
-  step[0] = static_cast<int32_t>(position);
-  const DeviceBuffer step_device = to_device(step);
-  const DeviceBuffer inverse_device = to_device(inverse);
-  DeviceBuffer rope_device(static_cast<size_t>(n_tokens * c.rope_dims) * sizeof(float), "angles");
-  DeviceBuffer q_device = to_device(q), k_device = to_device(k);
-  const DeviceBuffer v_device = to_device(v);
-  DeviceBuffer keys_device = to_device(key_cache), values_device = to_device(value_cache);
-  DeviceBuffer out(expected.size() * sizeof(float), "out");
-  DeviceBuffer partials(static_cast<size_t>(attention_partials_floats(shape, context)) * sizeof(float), "partials");
-  rope_table(inverse_device.as<double>(), c.rope_dims / 2, step_device.as<int32_t>(), n_tokens,
-             rope_device.as<float>(), stream);
-  rope_and_store(shape, q_device.as<float>(), k_device.as<float>(), v_device.as<float>(), rope_device.as<float>(),
-                 n_tokens, step_device.as<int32_t>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(), stream);
-  if (n_tokens == 1)
-    attention_decode(shape, q_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(), context,
-                     step_device.as<int32_t>(), partials.as<float>(), out.as<float>(), stream);
-  else
-    attention_prompt(shape, q_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(), n_tokens,
-                     step_device.as<int32_t>(), out.as<float>(), stream);
-  check(gpuStreamSynchronize(stream), "attention test");
+ private:
+  model::ModelConfig c_;
+  AttentionShape shape_;
+  int64_t context_;
+  gpuStream_t stream_;
+  DeviceBuffer partials_;
+  std::vector<uint16_t> key_cache_;
+  std::vector<uint16_t> value_cache_;
+};
 
-  // The rotation may round differently (FMA contraction), so the cached halves agree to within an ulp or so.
-  const auto expect_same_cache = [](const std::vector<uint16_t>& got_cache, const std::vector<uint16_t>& expected_cache) {
-    for (size_t i = 0; i < expected_cache.size(); ++i) {
-      const float e = fp16_to_fp32(expected_cache[i]);
-      ASSERT_NEAR(fp16_to_fp32(got_cache[i]), e, 2e-3f * std::fabs(e) + 1e-6f) << i;
-    }
-  };
-  expect_same_cache(to_host<uint16_t>(keys_device, keys_cpu.size()), keys_cpu);
-  expect_same_cache(to_host<uint16_t>(values_device, values_cpu.size()), values_cpu);
-  const std::vector<float> got = to_host<float>(out, expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) ASSERT_NEAR(got[i], expected[i], 2e-5f) << i;
+// Long enough that at its end every decoding thread block takes several chunks (the grid has a few thread
+// blocks per multiprocessor), on GPUs of up to some 500 multiprocessors.
+constexpr int64_t kLongContext = 16384;
+
+// Decoding at the first position, inside the first chunk, past it, and at the end of a long context: all on
+// one partials buffer, as the replays of a captured step are.
+void check_decoding(const model::ModelConfig& c, gpuStream_t stream) {
+  const AttentionCheck check(c, kLongContext, stream);
+  for (const int64_t position : {int64_t{0}, int64_t{5}, int64_t{300}, kLongContext - 1}) {
+    check.run(position, 1);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
 }
 
-TEST_F(GpuKernels, DecodeAttentionMatchesCpu) { check_attention(model::RopeStyle::Normal, 1, stream()); }
-TEST_F(GpuKernels, DecodeAttentionNeoxMatchesCpu) { check_attention(model::RopeStyle::NeoX, 1, stream()); }
-TEST_F(GpuKernels, PromptAttentionMatchesCpu) { check_attention(model::RopeStyle::Normal, 5, stream()); }
-TEST_F(GpuKernels, PromptAttentionNeoxMatchesCpu) { check_attention(model::RopeStyle::NeoX, 5, stream()); }
+TEST_F(GpuKernels, DecodeAttentionMatchesCpu) {
+  check_decoding(attention_config(model::RopeStyle::Normal), stream());
+}
+TEST_F(GpuKernels, DecodeAttentionNeoxMatchesCpu) {
+  check_decoding(attention_config(model::RopeStyle::NeoX), stream());
+}
+// 2 query heads of 32 values per kv head: a Q8_K block takes the heads of 4 kv heads, and so does its combining.
+TEST_F(GpuKernels, DecodeAttentionQuantizesAcrossKvHeads) {
+  check_decoding(attention_config(model::RopeStyle::Normal, 16, 8, 32), stream());
+}
+TEST_F(GpuKernels, PromptAttentionMatchesCpu) {
+  AttentionCheck(attention_config(model::RopeStyle::Normal), 600, stream()).run(300, 5);
+}
+TEST_F(GpuKernels, PromptAttentionNeoxMatchesCpu) {
+  AttentionCheck(attention_config(model::RopeStyle::NeoX), 600, stream()).run(300, 5);
+}
 
 }  // namespace
 }  // namespace rf::gpu

@@ -1,18 +1,30 @@
 // Attention over the f16 KV cache.
 //
-// Decoding (one query token): split-K. Thread block (kv head, chunk) computes, for every query head that
-// shares the kv head (GQA), the scores of the chunk's positions, their softmax with its own maximum, and the
-// weighted sum of the values; it reads each key and value of the chunk once for all those heads. A second
-// kernel rescales the chunks' partial results to a common maximum and sums them.
+// Decoding (one query token): split-K in a single launch. The positions are cut into chunks of
+// kAttentionChunk; a fixed number of thread blocks per kv head (a few per multiprocessor in all, at most one
+// per chunk of the context) share the chunks that hold positions 0 .. step[0], block b taking chunks b,
+// b + blocks, ... The grid depends on the context only, not on the position, so a captured decode step
+// replays for every token; blocks without a chunk go straight to the end. For every query head that shares
+// the kv head (GQA) a block scores a chunk's positions, reading each key and value once for all those heads,
+// and folds the chunk into a running softmax (its maximum, its sum and the weighted values), which it writes
+// out as one partial result per head. The last block to finish among those of a combine group learns so
+// from a counter in device memory; it rescales the group's partials to a common maximum, sums them, and
+// writes the output rows together with their 8-bit form for the o-projection, which would otherwise take a
+// combine kernel and a quantization kernel of their own. A combine group is the fewest consecutive kv heads
+// whose query heads fill whole quantization blocks (usually one), so that every block is quantized by the
+// one thread block that holds all its values.
 //
 // Prompts (several query tokens): flash-attention style. A team of 32 lanes owns one (token, head), keeps
 // the query in shared memory and the output accumulator in registers (lane l has dimensions l, l + 32, ...)
 // and streams over the keys and values the token may see, 32 at a time, with an online softmax, so no score
 // matrix is ever stored.
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
+#include "backend/gpu/quantize.cuh"
 
 namespace rf::gpu {
 namespace {
@@ -20,139 +32,229 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kTeams = kThreads / kTeam;
 
+// The decode kernel quantizes its output as quantize_element() does: a Q8_K block is a whole thread block.
+constexpr int kDecodeThreads = kQuantizeThreads;
+constexpr int kDecodeTeams = kDecodeThreads / kTeam;
+constexpr int kChunk = static_cast<int>(kAttentionChunk);
+// Lanes that score one position together, each over every kLanesPerPosition-th piece of the head.
+constexpr int kLanesPerPosition = kDecodeThreads / kChunk;
+static_assert(kDecodeThreads % kChunk == 0 && kLanesPerPosition <= kTeam, "a position's lanes share a team");
+static_assert(kChunk <= kTeam, "a team takes a chunk's softmax one position per lane");
+static_assert(sizeof(unsigned) == sizeof(float), "the arrival counters take floats of the partials buffer");
+// Thread blocks per multiprocessor that the decode grid aims at: more blocks scan a long context in fewer
+// chunks each, fewer leave fewer partials for the combining block.
+constexpr int64_t kDecodeBlocksPerMultiprocessor = 4;
+
 int64_t max_splits(int64_t context) { return (context + kAttentionChunk - 1) / kAttentionChunk; }
 
-// partials: per query head and chunk, head_dim unnormalized outputs, then the chunk's maximum and sum.
-__global__ void __launch_bounds__(kThreads) attention_chunk_kernel(AttentionShape shape, const float* q,
-                                                                   const uint16_t* keys, const uint16_t* values,
-                                                                   const int32_t* step, int64_t splits,
-                                                                   float scale, float* partials) {
+// Thread blocks per kv head of the decode grid.
+int64_t decode_blocks(const AttentionShape& shape, int64_t context) {
+  static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
+  const int64_t wanted = (kDecodeBlocksPerMultiprocessor * multiprocessors + shape.n_kv_heads - 1) / shape.n_kv_heads;
+  return std::max<int64_t>(1, std::min(wanted, max_splits(context)));
+}
+
+// Floats of the partial results: per query head and thread block, head_dim unnormalized outputs, then the
+// block's maximum and sum. The arrival counters follow them.
+int64_t decode_partial_floats(const AttentionShape& shape, int64_t blocks) {
+  return shape.n_heads * blocks * (shape.head_dim + 2);
+}
+
+// Values per quantization block of the output form (1: no 8-bit form).
+int64_t quantization_block(ActivationBlocks blocks) {
+  switch (blocks) {
+    case ActivationBlocks::Q8_0: return kActivationBlock;
+    case ActivationBlocks::Q8_K: return kQuantizeThreads;
+    case ActivationBlocks::None: break;
+  }
+  return 1;
+}
+
+// Adds this thread block to the arrivals at `counter`; true in every thread of the block that arrives last
+// of `arrivals`, which also sets the counter back to zero for the next launch. The fences make the partial
+// results written before the arrival visible to the last block's reads after it.
+__device__ bool arrive_last(unsigned* counter, unsigned arrivals) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(counter, 1u) == arrivals - 1;
+    if (last) *counter = 0;
+    __threadfence();
+  }
+  __syncthreads();
+  return last;
+}
+
+// Grid: (thread blocks per kv head, kv heads). `arrivals`: one counter per combine group of
+// kv_heads_per_combine kv heads.
+template <ActivationBlocks kBlocks>
+__global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
+    AttentionShape shape, const float* q, const uint16_t* keys, const uint16_t* values, const int32_t* step,
+    float scale, int64_t kv_heads_per_combine, float* partials, unsigned* arrivals, ActivationOutput out) {
   start_successor();
   wait_for_predecessor();
-  extern __shared__ float shared[];
-  const int64_t chunk = blockIdx.x;  // x: grids allow 2^31 - 1 blocks there, 65535 in y (1M positions)
+  extern __shared__ float4 dynamic_shared[];  // float4: the query is read 16 bytes at a time
+  __shared__ float scratch[kDecodeThreads / 32];
+  const int block = static_cast<int>(blockIdx.x);
+  const int blocks = static_cast<int>(gridDim.x);
   const int64_t kv_head = blockIdx.y;
-  const int64_t begin = chunk * kAttentionChunk;
-  const int64_t positions = step[0] + 1;
-  if (begin >= positions) return;
-  const int64_t count = min(kAttentionChunk, positions - begin);
-  const int64_t group = shape.heads_per_kv_head();
-  const int64_t head_dim = shape.head_dim;
+  const int group = static_cast<int>(shape.heads_per_kv_head());
+  const int head_dim = static_cast<int>(shape.head_dim);
   const int64_t kv_dim = shape.kv_dim();
-  float* q_shared = shared;                                 // [group][head_dim]
-  float* scores = q_shared + group * head_dim;              // [group][kAttentionChunk]
-  float* stats = scores + group * kAttentionChunk;          // [group][2]: maximum, sum
+  const int64_t positions = step[0] + 1;
+  const int64_t chunks = (positions + kAttentionChunk - 1) / kAttentionChunk;
+  const int64_t stride = head_dim + 2;  // floats of one partial result
+  float* q_shared = reinterpret_cast<float*>(dynamic_shared);  // [group][head_dim]
+  // [group][head_dim]: the weighted values under the running maximum (in shared memory rather than registers,
+  // which would keep fewer thread blocks on a multiprocessor)
+  float* acc = q_shared + group * head_dim;
+  float* scores = acc + group * head_dim;                      // [group][kChunk]
+  float* maxima = scores + group * kChunk;                     // [group]: the running softmax
+  float* sums = maxima + group;                                // [group]
+  float* rescales = sums + group;                              // [group]: of the old maximum to the new
 
-  for (int64_t i = threadIdx.x; i < group * head_dim; i += kThreads)
-    q_shared[i] = q[kv_head * group * head_dim + i];
-  __syncthreads();
+  if (block < chunks) {
+    for (int i = static_cast<int>(threadIdx.x); i < group * head_dim; i += kDecodeThreads) {
+      q_shared[i] = q[kv_head * group * head_dim + i];
+      acc[i] = 0.0f;
+    }
+    for (int g = static_cast<int>(threadIdx.x); g < group; g += kDecodeThreads) {
+      maxima[g] = -INFINITY;
+      sums[g] = 0.0f;
+    }
+    __syncthreads();
 
-  // Scores: a thread per position, all heads of the group at once (the key is read once, 16 bytes at a time
-  // where the head dimension allows).
-  for (int64_t p = threadIdx.x; p < count; p += kThreads) {
-    const uint16_t* key = keys + (begin + p) * kv_dim + kv_head * head_dim;
-    float dot[kMaxHeadsPerKvHead] = {};
-    int64_t d = 0;
-    if (head_dim % 8 == 0) {
-      for (; d < head_dim; d += 8) {
-        const int4 k8 = load_16(key + d);
-        float k[8];
+    const int team = static_cast<int>(threadIdx.x / kTeam);
+    const int lane = static_cast<int>(threadIdx.x % kTeam);
+    const int slot = static_cast<int>(threadIdx.x / kLanesPerPosition);  // the position of the chunk it scores
+    const int part = static_cast<int>(threadIdx.x % kLanesPerPosition);
+    for (int64_t chunk = block; chunk < chunks; chunk += blocks) {
+      const int64_t begin = chunk * kAttentionChunk;
+      const int count = static_cast<int>(min(kAttentionChunk, positions - begin));
+
+      // Scores: kLanesPerPosition lanes per position, each reading every kLanesPerPosition-th piece of the
+      // key (16 bytes where the head dimension allows) for all heads of the group, then summing across them.
+      float dot[kMaxHeadsPerKvHead] = {};
+      if (slot < count) {
+        const uint16_t* key = keys + (begin + slot) * kv_dim + kv_head * head_dim;
+        if (head_dim % 8 == 0) {
+          for (int d = 8 * part; d < head_dim; d += 8 * kLanesPerPosition) {
+            const int4 k8 = load_16(key + d);
+            float k[8];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(&reinterpret_cast<const int*>(&k8)[i]));
-          k[2 * i] = pair.x;
-          k[2 * i + 1] = pair.y;
-        }
+            for (int i = 0; i < 4; ++i) {
+              const float2 pair =
+                  __half22float2(*reinterpret_cast<const __half2*>(&reinterpret_cast<const int*>(&k8)[i]));
+              k[2 * i] = pair.x;
+              k[2 * i + 1] = pair.y;
+            }
 #pragma unroll
-        for (int g = 0; g < kMaxHeadsPerKvHead; ++g) {
-          if (g < group) {
-            const float4 qa = *reinterpret_cast<const float4*>(q_shared + g * head_dim + d);
-            const float4 qb = *reinterpret_cast<const float4*>(q_shared + g * head_dim + d + 4);
-            dot[g] += k[0] * qa.x + k[1] * qa.y + k[2] * qa.z + k[3] * qa.w + k[4] * qb.x + k[5] * qb.y +
-                      k[6] * qb.z + k[7] * qb.w;
+            for (int g = 0; g < kMaxHeadsPerKvHead; ++g) {
+              if (g < group) {
+                const float4 qa = *reinterpret_cast<const float4*>(q_shared + g * head_dim + d);
+                const float4 qb = *reinterpret_cast<const float4*>(q_shared + g * head_dim + d + 4);
+                dot[g] += k[0] * qa.x + k[1] * qa.y + k[2] * qa.z + k[3] * qa.w + k[4] * qb.x + k[5] * qb.y +
+                          k[6] * qb.z + k[7] * qb.w;
+              }
+            }
+          }
+        } else {
+          for (int d = 2 * part; d < head_dim; d += 2 * kLanesPerPosition) {
+            const float2 k = __half22float2(*reinterpret_cast<const __half2*>(key + d));
+#pragma unroll
+            for (int g = 0; g < kMaxHeadsPerKvHead; ++g)
+              if (g < group) dot[g] += k.x * q_shared[g * head_dim + d] + k.y * q_shared[g * head_dim + d + 1];
           }
         }
       }
-    }
-    for (; d < head_dim; d += 2) {
-      const float2 k = __half22float2(*reinterpret_cast<const __half2*>(key + d));
 #pragma unroll
-      for (int g = 0; g < kMaxHeadsPerKvHead; ++g)
-        if (g < group) dot[g] += k.x * q_shared[g * head_dim + d] + k.y * q_shared[g * head_dim + d + 1];
-    }
+      for (int g = 0; g < kMaxHeadsPerKvHead; ++g) {
+        if (g < group) {
+          float total = dot[g];
 #pragma unroll
-    for (int g = 0; g < kMaxHeadsPerKvHead; ++g)
-      if (g < group) scores[g * kAttentionChunk + p] = dot[g] * scale;
-  }
-  __syncthreads();
+          for (int mask = kLanesPerPosition / 2; mask > 0; mask /= 2)
+            total += shuffle_xor(total, mask, kLanesPerPosition);
+          if (part == 0 && slot < count) scores[g * kChunk + slot] = total * scale;
+        }
+      }
+      __syncthreads();
 
-  // Softmax of each head's chunk (one team per head): maximum, then exponentials and their sum.
-  const int team = static_cast<int>(threadIdx.x / kTeam);
-  const int lane = static_cast<int>(threadIdx.x % kTeam);
-  for (int64_t g = team; g < group; g += kTeams) {
-    float* row = scores + g * kAttentionChunk;
-    float maximum = -INFINITY;
-    for (int64_t p = lane; p < count; p += kTeam) maximum = fmaxf(maximum, row[p]);
-    maximum = team_max(maximum);
-    float sum = 0.0f;
-    for (int64_t p = lane; p < count; p += kTeam) {
-      row[p] = expf(row[p] - maximum);
-      sum += row[p];
-    }
-    sum = team_sum(sum);
-    if (lane == 0) {
-      stats[2 * g] = maximum;
-      stats[2 * g + 1] = sum;
-    }
-  }
-  __syncthreads();
+      // The running softmax of each head (one team per head, a lane per position): the new maximum, the
+      // chunk's weights under it, and the factor that brings what came before to it.
+      for (int g = team; g < group; g += kDecodeTeams) {
+        float* row = scores + g * kChunk;
+        const float previous = maxima[g];
+        const float score = lane < count ? row[lane] : -INFINITY;
+        const float maximum = fmaxf(previous, team_max(score));
+        const float weight = lane < count ? expf(score - maximum) : 0.0f;
+        if (lane < count) row[lane] = weight;
+        const float total = team_sum(weight);
+        if (lane == 0) {
+          const float rescale = expf(previous - maximum);
+          rescales[g] = rescale;
+          sums[g] = sums[g] * rescale + total;
+          maxima[g] = maximum;
+        }
+      }
+      __syncthreads();
 
-  // Weighted values: a thread per (head, dimension pair); consecutive threads read consecutive pairs.
-  for (int64_t i = threadIdx.x; i < group * head_dim / 2; i += kThreads) {
-    const int64_t g = i / (head_dim / 2);
-    const int64_t d = 2 * (i % (head_dim / 2));
-    const float* weights = scores + g * kAttentionChunk;
-    const uint16_t* value = values + begin * kv_dim + kv_head * head_dim + d;
-    float2 acc = {0.0f, 0.0f};
+      // Weighted values: a thread per (head, dimension pair); consecutive threads take consecutive pairs.
+      for (int i = static_cast<int>(threadIdx.x); i < group * head_dim / 2; i += kDecodeThreads) {
+        const int g = i / (head_dim / 2);
+        const int d = 2 * (i % (head_dim / 2));
+        const float* weights = scores + g * kChunk;
+        const uint16_t* value = values + begin * kv_dim + kv_head * head_dim + d;
+        float2 sum = {0.0f, 0.0f};
 #pragma unroll 8
-    for (int64_t p = 0; p < count; ++p) {
-      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(value + p * kv_dim));
-      acc.x += weights[p] * v.x;
-      acc.y += weights[p] * v.y;
+        for (int p = 0; p < count; ++p) {
+          const float2 v = __half22float2(*reinterpret_cast<const __half2*>(value + p * kv_dim));
+          sum.x += weights[p] * v.x;
+          sum.y += weights[p] * v.y;
+        }
+        float2& pair = reinterpret_cast<float2*>(acc)[i];
+        pair.x = pair.x * rescales[g] + sum.x;
+        pair.y = pair.y * rescales[g] + sum.y;
+      }
+      __syncthreads();  // the next chunk rewrites the scores and rescales
     }
-    float* partial = partials + ((kv_head * group + g) * splits + chunk) * (head_dim + 2);
-    partial[d] = acc.x;
-    partial[d + 1] = acc.y;
-    if (d == 0) {
-      partial[head_dim] = stats[2 * g];
-      partial[head_dim + 1] = stats[2 * g + 1];
-    }
-  }
-}
 
-__global__ void __launch_bounds__(kThreads) attention_combine_kernel(AttentionShape shape, const int32_t* step,
-                                                                     int64_t splits, const float* partials,
-                                                                     float* out) {
-  start_successor();
-  wait_for_predecessor();
-  const int64_t head = blockIdx.x;
-  const int64_t head_dim = shape.head_dim;
-  const int64_t used = (step[0] + kAttentionChunk) / kAttentionChunk;  // chunks holding positions 0..step[0]
-  const float* head_partials = partials + head * splits * (head_dim + 2);
-  float maximum = -INFINITY;
-  for (int64_t c = 0; c < used; ++c) maximum = fmaxf(maximum, head_partials[c * (head_dim + 2) + head_dim]);
-  float total = 0.0f;
-  for (int64_t c = 0; c < used; ++c) {
-    const float* partial = head_partials + c * (head_dim + 2);
-    total += partial[head_dim + 1] * expf(partial[head_dim] - maximum);
-  }
-  for (int64_t d = threadIdx.x; d < head_dim; d += kThreads) {
-    float acc = 0.0f;
-    for (int64_t c = 0; c < used; ++c) {
-      const float* partial = head_partials + c * (head_dim + 2);
-      acc += partial[d] * expf(partial[head_dim] - maximum);
+    for (int i = static_cast<int>(threadIdx.x); i < group * (head_dim + 2); i += kDecodeThreads) {
+      const int g = i / (head_dim + 2);
+      const int d = i % (head_dim + 2);
+      const float value = d < head_dim ? acc[g * head_dim + d] : d == head_dim ? maxima[g] : sums[g];
+      partials[((kv_head * group + g) * blocks + block) * stride + d] = value;
     }
-    out[head * head_dim + d] = acc / total;
+  }
+
+  const int64_t combine_group = kv_head / kv_heads_per_combine;
+  if (!arrive_last(arrivals + combine_group, static_cast<unsigned>(kv_heads_per_combine * blocks))) return;
+
+  // The combining block: each output value from the partials of the blocks that had chunks, rescaled to
+  // their common maximum; kDecodeThreads consecutive values at a time, which quantize together.
+  const int64_t first = combine_group * kv_heads_per_combine * group * head_dim;  // the group's first value
+  const int64_t outputs = kv_heads_per_combine * group * head_dim;  // a multiple of the quantization block
+  const int64_t used = min(static_cast<int64_t>(blocks), chunks);
+  for (int64_t base = 0; base < outputs; base += kDecodeThreads) {
+    const int64_t e = base + threadIdx.x;
+    float value = 0.0f;
+    if (e < outputs) {
+      const int64_t d = (first + e) % head_dim;
+      const float* head_partials = partials + (first + e) / head_dim * blocks * stride;
+      float maximum = -INFINITY;
+      for (int64_t b = 0; b < used; ++b) maximum = fmaxf(maximum, head_partials[b * stride + head_dim]);
+      float weighted = 0.0f, total = 0.0f;
+      for (int64_t b = 0; b < used; ++b) {
+        const float* partial = head_partials + b * stride;
+        const float rescale = expf(partial[head_dim] - maximum);
+        weighted += partial[d] * rescale;
+        total += partial[head_dim + 1] * rescale;
+      }
+      value = weighted / total;
+      out.f32[first + e] = value;
+    }
+    const bool active = e - threadIdx.x % kTeam < outputs;  // whole teams: the group is whole blocks
+    quantize_element<kBlocks>(value, first + e, active, out.q, out.scales, nullptr, scratch);
   }
 }
 
@@ -243,20 +345,26 @@ float attention_scale(const AttentionShape& shape) { return 1.0f / std::sqrt(sta
 }  // namespace
 
 int64_t attention_partials_floats(const AttentionShape& shape, int64_t context) {
-  return shape.n_heads * max_splits(context) * (shape.head_dim + 2);
+  return decode_partial_floats(shape, decode_blocks(shape, context)) + shape.n_kv_heads;
 }
 
 void attention_decode(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
-                      const uint16_t* value_cache, int64_t context, const int32_t* step, float* partials, float* out,
-                      gpuStream_t stream) {
-  const int64_t splits = max_splits(context);
+                      const uint16_t* value_cache, int64_t context, const int32_t* step, float* partials,
+                      const ActivationOutput& out, gpuStream_t stream) {
+  const int64_t blocks = decode_blocks(shape, context);
   const int64_t group = shape.heads_per_kv_head();
-  const size_t shared_bytes = sizeof(float) * static_cast<size_t>(group * (shape.head_dim + kAttentionChunk + 2));
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(shape.n_kv_heads));
-  launch_overlapped("attention_chunk", attention_chunk_kernel, grid, kThreads, shared_bytes, stream, shape, q,
-                    key_cache, value_cache, step, splits, attention_scale(shape), partials);
-  launch_overlapped("attention_combine", attention_combine_kernel, static_cast<unsigned>(shape.n_heads), kThreads, 0,
-                    stream, shape, step, splits, partials, out);
+  const int64_t quantized = quantization_block(out.blocks);
+  const int64_t kv_heads_per_combine = quantized / std::gcd(group * shape.head_dim, quantized);
+  if (shape.n_kv_heads % kv_heads_per_combine != 0)
+    fail_with("attention_decode: the output rows are not whole blocks of their 8-bit form");
+  auto* arrivals = reinterpret_cast<unsigned*>(partials + decode_partial_floats(shape, blocks));
+  const size_t shared_bytes = sizeof(float) * static_cast<size_t>(group * (2 * shape.head_dim + kAttentionChunk + 3));
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.n_kv_heads));
+  with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
+    launch_overlapped("attention_decode", attention_decode_kernel<kBlocks>, grid, kDecodeThreads, shared_bytes,
+                      stream, shape, q, key_cache, value_cache, step, attention_scale(shape), kv_heads_per_combine,
+                      partials, arrivals, out);
+  });
 }
 
 void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,

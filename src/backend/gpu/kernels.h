@@ -125,17 +125,22 @@ void attention_prompt(const AttentionShape& shape, const float* q, const uint16_
                       const uint16_t* value_cache, int64_t n_tokens, const int32_t* step, float* out,
                       gpuStream_t stream);
 
-// One token (decoding) at position step[0], over positions 0 .. step[0]: the positions are split into
-// chunks of kAttentionChunk, each chunk's partial softmax computed by its own thread block (split-K), then
-// combined. Chunks are short so that the few positions early in a generation still spread over many thread
-// blocks. `partials` holds attention_partials_floats() floats. The grid covers the whole context, so a
-// captured step serves every position; blocks past the last position return at once.
+// One token (decoding) at position step[0], over positions 0 .. step[0], in one launch (split-K): the
+// positions are split into chunks of kAttentionChunk, shared out among a fixed number of thread blocks per kv
+// head, each of which leaves one partial softmax per query head in `partials`. The last of a kv head's blocks
+// to finish (of a few kv heads' blocks where one kv head's query heads do not fill whole quantization blocks)
+// combines their partials into out.f32 and, unless out.blocks is None, the 8-bit form of the row (q_dim whole
+// blocks), which the o-projection then reads without another launch. Chunks are short so that the few
+// positions early in a generation still spread over many thread blocks. The launch depends on the context,
+// not on the position, so a captured step serves every position. `partials` holds
+// attention_partials_floats() floats (sized for the current device) and is zeroed before the first call: its
+// tail counts the blocks that have finished, and every call leaves it zeroed again.
 constexpr int64_t kAttentionChunk = 16;
 constexpr int64_t kMaxHeadsPerKvHead = 16;
 constexpr int64_t kMaxHeadDim = 256;
 int64_t attention_partials_floats(const AttentionShape& shape, int64_t context);
 void attention_decode(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
-                      const uint16_t* value_cache, int64_t context, const int32_t* step, float* partials, float* out,
-                      gpuStream_t stream);
+                      const uint16_t* value_cache, int64_t context, const int32_t* step, float* partials,
+                      const ActivationOutput& out, gpuStream_t stream);
 
 }  // namespace rf::gpu

@@ -116,7 +116,7 @@ struct Transformer::State {
   ActivationRows hidden;         // feed-forward gate, then silu(gate) * up [n, n_ff]
   DeviceBuffer up;               // feed-forward up [n, n_ff]
   DeviceBuffer rope;             // (cos, sin) per token and dimension pair
-  DeviceBuffer partials;         // split-K attention partial results
+  DeviceBuffer partials;         // split-K attention partial results and block counters (zeroed once)
   DeviceBuffer logits_last;      // [vocab]
   DeviceBuffer logits_all;       // [rows, vocab], grown on demand
   DeviceBuffer step_device;      // position, then the tokens of the batch
@@ -157,6 +157,8 @@ Transformer::State::State(const model::ExecutionPlan& plan_, const TransformerOp
   inverse_frequencies = DeviceBuffer(inverse.size() * sizeof(double), "rotary frequencies");
   check(gpuMemcpy(inverse_frequencies.data(), inverse.data(), inverse_frequencies.bytes(), gpuMemcpyHostToDevice),
         "uploading rotary frequencies");
+  // attention_decode counts finished blocks from zero and leaves the counters zeroed.
+  check(gpuMemsetAsync(partials.data(), 0, partials.bytes(), stream.get()), "clearing the attention counters");
 }
 
 void Transformer::State::forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which,
@@ -226,12 +228,14 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
              normalized, n, false);
     rope_and_store(shape, q.as<float>(), k.as<float>(), v.as<float>(), rope.as<float>(), n, step, key_cache(l),
                    value_cache(l), s);
-    if (n == 1)
+    if (n == 1) {
+      // Also writes the 8-bit form that the output projection reads.
       attention_decode(shape, q.as<float>(), key_cache(l), value_cache(l), context, step, partials.as<float>(),
-                       attention_out.f32(), s);
-    else
+                       attention_out.output_for(layer.attn_output.type()), s);
+    } else {
       attention_prompt(shape, q.as<float>(), key_cache(l), value_cache(l), n, step, attention_out.f32(), s);
-    attention_out.changed();
+      attention_out.changed();
+    }
     multiply({{device_matrix(layer.attn_output), x.as<float>()}}, attention_out, n, true);
 
     // Feed-forward: down(silu(gate(x)) * up(x)) of the normalized stream, added to the residual stream.
