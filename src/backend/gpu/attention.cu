@@ -47,6 +47,30 @@ constexpr int64_t kDecodeBlocksPerMultiprocessor = 4;
 
 int64_t max_splits(int64_t context) { return (context + kAttentionChunk - 1) / kAttentionChunk; }
 
+// Two f16 values of the cache (4-byte aligned) as floats.
+__device__ __forceinline__ float2 load_halves(const void* p) {
+  return __half22float2(*static_cast<const __half2*>(p));
+}
+
+// Eight f16 values (one 16-byte load of a cache row) as floats.
+__device__ __forceinline__ void widen_8_halves(const int4& v, float (&out)[8]) {
+  const float2 pairs[4] = {load_halves(&v.x), load_halves(&v.y), load_halves(&v.z), load_halves(&v.w)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = pairs[i].x;
+    out[2 * i + 1] = pairs[i].y;
+  }
+}
+
+// k[0] * q[0] + ... + k[7] * q[7] for eight query values q (16-byte aligned): the scoring step of both
+// attention kernels, over a widened piece of a key.
+__device__ __forceinline__ float dot_8(const float (&k)[8], const float* q) {
+  const float4 qa = *reinterpret_cast<const float4*>(q);
+  const float4 qb = *reinterpret_cast<const float4*>(q + 4);
+  return k[0] * qa.x + k[1] * qa.y + k[2] * qa.z + k[3] * qa.w + k[4] * qb.x + k[5] * qb.y + k[6] * qb.z +
+         k[7] * qb.w;
+}
+
 // Thread blocks per kv head of the decode grid.
 int64_t decode_blocks(const AttentionShape& shape, int64_t context) {
   static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
@@ -140,28 +164,15 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
         const uint16_t* key = keys + (begin + slot) * kv_dim + kv_head * head_dim;
         if (head_dim % 8 == 0) {
           for (int d = 8 * part; d < head_dim; d += 8 * kLanesPerPosition) {
-            const int4 k8 = load_16(key + d);
             float k[8];
+            widen_8_halves(load_16(key + d), k);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float2 pair =
-                  __half22float2(*reinterpret_cast<const __half2*>(&reinterpret_cast<const int*>(&k8)[i]));
-              k[2 * i] = pair.x;
-              k[2 * i + 1] = pair.y;
-            }
-#pragma unroll
-            for (int g = 0; g < kMaxHeadsPerKvHead; ++g) {
-              if (g < group) {
-                const float4 qa = *reinterpret_cast<const float4*>(q_shared + g * head_dim + d);
-                const float4 qb = *reinterpret_cast<const float4*>(q_shared + g * head_dim + d + 4);
-                dot[g] += k[0] * qa.x + k[1] * qa.y + k[2] * qa.z + k[3] * qa.w + k[4] * qb.x + k[5] * qb.y +
-                          k[6] * qb.z + k[7] * qb.w;
-              }
-            }
+            for (int g = 0; g < kMaxHeadsPerKvHead; ++g)
+              if (g < group) dot[g] += dot_8(k, q_shared + g * head_dim + d);
           }
         } else {
           for (int d = 2 * part; d < head_dim; d += 2 * kLanesPerPosition) {
-            const float2 k = __half22float2(*reinterpret_cast<const __half2*>(key + d));
+            const float2 k = load_halves(key + d);
 #pragma unroll
             for (int g = 0; g < kMaxHeadsPerKvHead; ++g)
               if (g < group) dot[g] += k.x * q_shared[g * head_dim + d] + k.y * q_shared[g * head_dim + d + 1];
@@ -208,7 +219,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
         float2 sum = {0.0f, 0.0f};
 #pragma unroll 8
         for (int p = 0; p < count; ++p) {
-          const float2 v = __half22float2(*reinterpret_cast<const __half2*>(value + p * kv_dim));
+          const float2 v = load_halves(value + p * kv_dim);
           sum.x += weights[p] * v.x;
           sum.y += weights[p] * v.y;
         }
@@ -297,20 +308,14 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
       int64_t d = 0;
       if (head_dim % 8 == 0) {  // rows of whole 16-byte pieces
         for (; d < head_dim; d += 8) {
-          const int4 k8 = load_16(key + d);
-          const float4 qa = q_shared[team][d / 4];
-          const float4 qb = q_shared[team][d / 4 + 1];
-          const float2 k01 = __half22float2(*reinterpret_cast<const __half2*>(&k8.x));
-          const float2 k23 = __half22float2(*reinterpret_cast<const __half2*>(&k8.y));
-          const float2 k45 = __half22float2(*reinterpret_cast<const __half2*>(&k8.z));
-          const float2 k67 = __half22float2(*reinterpret_cast<const __half2*>(&k8.w));
-          dot += qa.x * k01.x + qa.y * k01.y + qa.z * k23.x + qa.w * k23.y + qb.x * k45.x + qb.y * k45.y +
-                 qb.z * k67.x + qb.w * k67.y;
+          float k[8];
+          widen_8_halves(load_16(key + d), k);
+          dot += dot_8(k, q_team + d);
         }
       }
       for (; d < head_dim; d += 2) {
-        const float2 k2 = __half22float2(*reinterpret_cast<const __half2*>(key + d));
-        dot += q_team[d] * k2.x + q_team[d + 1] * k2.y;
+        const float2 k = load_halves(key + d);
+        dot += q_team[d] * k.x + q_team[d + 1] * k.y;
       }
       score = dot;
     }
