@@ -6,7 +6,9 @@
 //   Decoder<T>::kSlices         slices per block; a slice is what one lane decodes at a time: 16 or 32 bytes
 //                               of quants with the header fields they need
 //   Decoder<T>::Slice           what load() returns: quants in groups of 16 or 32 with an affine map
-//                               x = scale * q + offset (QuantSlice), or plain values (FloatSlice)
+//                               x = scale * q + offset (QuantSlice), the same with integer scales under
+//                               the block's float factors (ScaledLevelSlice: Q4_K, Q5_K, Q6_K), or plain
+//                               values (FloatSlice)
 //   Decoder<T>::group_start(s, g)  the block element where group g of slice s starts (its elements are
 //                               consecutive, so the matching activations are one or two 16-byte loads)
 //   Decoder<T>::load(w, b, s)   slice s of block b (blocks counted from the matrix's first, row after row)
@@ -38,6 +40,22 @@ struct QuantSlice {
   float offset[kGroups];
 };
 
+// Groups of 16 or 32 unsigned levels (bytes, four to an int) with integer scales and mins under the block's
+// float factors: x = d * scale[g] * q - dmin * min[g]. For K-quants, whose activations carry one scale per
+// super-block (Q8_K), so that a slice's dot product is summed in integers and scaled once. A level may be
+// left in place in the high nibble of its byte (16 q): its scale is then that of the low nibble divided by
+// 16, which the decoder keeps integral by multiplying the other scales by 16 and dividing d by 16.
+template <int kGroups_, int kInts_ = 4>
+struct ScaledLevelSlice {
+  static constexpr int kGroups = kGroups_;
+  static constexpr int kInts = kInts_;
+  int q[kGroups][kInts];
+  int scale[kGroups];
+  int min[kGroups];
+  float d;
+  float dmin;
+};
+
 template <int kElements_>
 struct FloatSlice {
   static constexpr int kElements = kElements_;
@@ -50,6 +68,7 @@ struct Decoder;
 namespace decode {
 
 constexpr uint32_t kLowNibbles = 0x0F0F0F0Fu;
+constexpr uint32_t kHighNibbles = 0xF0F0F0F0u;
 
 __device__ __forceinline__ const uint8_t* payload(const WeightView& w, int64_t block, int stride) {
   return w.blocks + block * stride;
@@ -74,26 +93,36 @@ __device__ __forceinline__ int iq4_values(uint32_t levels) {
          (iq4_value(levels >> 24) << 24);
 }
 
-// The 6-bit scales and mins of sub-blocks 2p and 2p + 1 of Q4_K and Q5_K (quant::k_scale_min) from the 12
-// packed bytes, without branches: lanes decoding different p stay converged. Sub-block j < 4 keeps its scale
-// and min in the low 6 bits of bytes j and j + 4; j >= 4 keeps their low 4 bits in byte j + 4 and their top
-// 2 bits in the top bits of bytes j - 4 and j.
-__device__ __forceinline__ void k_scales_mins(const uint8_t* packed, int p, float d, float dmin, float* scale,
-                                              float* offset) {
-  const auto* words = reinterpret_cast<const uint32_t*>(packed);
-  const int shift = 16 * (p % 2);  // bytes 2p % 4 and 2p % 4 + 1 of each word
-  const uint32_t b0 = words[0] >> shift;
-  const uint32_t b1 = words[1] >> shift;
-  const uint32_t b2 = words[2] >> shift;
+// The 6-bit scales and mins of sub-blocks 2p and 2p + 1 of Q4_K and Q5_K (quant::unpack_k_scales_mins) from
+// the 12 packed bytes, as words w0 w1 w2, without branches: lanes decoding different p stay converged.
+// Sub-block j < 4 keeps its scale and min in the low 6 bits of bytes j and j + 4; j >= 4 keeps their low 4
+// bits in byte j + 4 and their top 2 bits in the top bits of bytes j - 4 and j. All four sub-blocks of a
+// half are unpacked at once, one per byte, and the pair's two bytes picked out.
+__device__ __forceinline__ void k_scale_min_pair(uint32_t w0, uint32_t w1, uint32_t w2, int p, int (&scale)[2],
+                                                 int (&min)[2]) {
+  const uint32_t scales = p < 2 ? w0 & 0x3F3F3F3Fu : (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+  const uint32_t mins = p < 2 ? w1 & 0x3F3F3F3Fu : ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+  const int first = 2 * (p % 2);  // byte of sub-block 2p
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
-    const uint32_t w0 = (b0 >> (8 * k)) & 0xFF;
-    const uint32_t w1 = (b1 >> (8 * k)) & 0xFF;
-    const uint32_t w2 = (b2 >> (8 * k)) & 0xFF;
-    const uint32_t sc = p < 2 ? w0 & 63 : (w2 & 0xF) | ((w0 >> 6) << 4);
-    const uint32_t m = p < 2 ? w1 & 63 : (w2 >> 4) | ((w1 >> 6) << 4);
-    scale[k] = d * static_cast<float>(sc);
-    offset[k] = -dmin * static_cast<float>(m);
+    scale[k] = static_cast<int>(__byte_perm(scales, 0, 0x4440 | (first + k)));
+    min[k] = static_cast<int>(__byte_perm(mins, 0, 0x4440 | (first + k)));
+  }
+}
+
+// Scales, mins and factors of slice p of a Q4_K or Q5_K block from its 16 header bytes (d, dmin, scales[12]).
+// kHighInPlace: the second group's levels are left in the high nibble (16 q), so the first group's scale is
+// multiplied by 16 and d divided by 16 (exactly: a power of two).
+template <bool kHighInPlace, typename Slice>
+__device__ __forceinline__ void k_header(const int4& header, int p, Slice& s) {
+  k_scale_min_pair(static_cast<uint32_t>(header.y), static_cast<uint32_t>(header.z),
+                   static_cast<uint32_t>(header.w), p, s.scale, s.min);
+  const auto dd = static_cast<uint32_t>(header.x);
+  s.d = half_to_float(static_cast<uint16_t>(dd));
+  s.dmin = half_to_float(static_cast<uint16_t>(dd >> 16));
+  if constexpr (kHighInPlace) {
+    s.scale[0] *= 16;
+    s.d *= 1.0f / 16.0f;
   }
 }
 
@@ -338,28 +367,27 @@ struct Decoder<TensorType::Q3_K> {
 };
 
 // d, dmin, scales[12], qs[128]. Slice p = 32 bytes of qs at 32p: low nibbles are elements 64p + 0..31
-// (sub-block 2p), high nibbles 64p + 32..63 (sub-block 2p + 1).
+// (sub-block 2p), high nibbles 64p + 32..63 (sub-block 2p + 1), left in place (decode::kHighNibbles).
 template <>
 struct Decoder<TensorType::Q4_K> {
   static constexpr int kBlockElements = 256;
   static constexpr int kSlices = 4;
-  using Slice = QuantSlice<2, 8>;
+  using Slice = ScaledLevelSlice<2, 8>;
   __device__ static int group_start(int slice, int group) { return 64 * slice + 32 * group; }
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
     const uint8_t* p = decode::payload(w, block, 144);
+    const int4 header = load_16(p);
     const int4 a = load_16(p + 16 + 32 * slice);
     const int4 b = load_16(p + 32 + 32 * slice);
-    const auto dd = static_cast<uint32_t>(*reinterpret_cast<const int*>(p));
     Slice s;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       s.q[0][i] = decode::component(a, i) & decode::kLowNibbles;
       s.q[0][i + 4] = decode::component(b, i) & decode::kLowNibbles;
-      s.q[1][i] = (decode::component(a, i) >> 4) & decode::kLowNibbles;
-      s.q[1][i + 4] = (decode::component(b, i) >> 4) & decode::kLowNibbles;
+      s.q[1][i] = decode::component(a, i) & decode::kHighNibbles;
+      s.q[1][i + 4] = decode::component(b, i) & decode::kHighNibbles;
     }
-    decode::k_scales_mins(p + 4, slice, half_to_float(static_cast<uint16_t>(dd)),
-                          half_to_float(static_cast<uint16_t>(dd >> 16)), s.scale, s.offset);
+    decode::k_header<true>(header, slice, s);
     return s;
   }
 };
@@ -370,7 +398,7 @@ template <>
 struct Decoder<TensorType::Q5_K> {
   static constexpr int kBlockElements = 256;
   static constexpr int kSlices = 4;
-  using Slice = QuantSlice<2, 8>;
+  using Slice = ScaledLevelSlice<2, 8>;
   __device__ static int group_start(int slice, int group) { return 64 * slice + 32 * group; }
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
     const uint8_t* p = decode::payload(w, block, 176);
@@ -378,7 +406,7 @@ struct Decoder<TensorType::Q5_K> {
     const int4 b = load_16(p + 64 + 32 * slice);
     const int4 ha = load_16(p + 16);
     const int4 hb = load_16(p + 32);
-    const auto dd = static_cast<uint32_t>(*reinterpret_cast<const int*>(p));
+    const int4 header = load_16(p);
     Slice s;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -391,8 +419,7 @@ struct Decoder<TensorType::Q5_K> {
       s.q[1][i] = ((decode::component(a, i) >> 4) & decode::kLowNibbles) | (high_a << 4);
       s.q[1][i + 4] = ((decode::component(b, i) >> 4) & decode::kLowNibbles) | (high_b << 4);
     }
-    decode::k_scales_mins(p + 4, slice, half_to_float(static_cast<uint16_t>(dd)),
-                          half_to_float(static_cast<uint16_t>(dd >> 16)), s.scale, s.offset);
+    decode::k_header<false>(header, slice, s);
     return s;
   }
 };
@@ -405,7 +432,7 @@ template <>
 struct Decoder<TensorType::Q6_K> {
   static constexpr int kBlockElements = 256;
   static constexpr int kSlices = 4;
-  using Slice = QuantSlice<4>;
+  using Slice = ScaledLevelSlice<4>;
   __device__ static int group_start(int slice, int group) {
     return 128 * (slice / 2) + 32 * (slice % 2 + 2 * (group / 2)) + 16 * (group % 2);
   }
@@ -416,8 +443,8 @@ struct Decoder<TensorType::Q6_K> {
     const int4 low[2] = {load_16(p + 64 * h + 32 * j), load_16(p + 64 * h + 32 * j + 16)};
     const int4 high[2] = {load_16(p + 128 + 32 * h), load_16(p + 128 + 32 * h + 16)};
     const auto* scale_words = reinterpret_cast<const uint32_t*>(p + 192 + 8 * h);
-    const float d = half_to_float(w.scales[block]);
     Slice s;
+    s.d = s.dmin = half_to_float(w.scales[block]);
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
@@ -428,11 +455,11 @@ struct Decoder<TensorType::Q6_K> {
         s.q[2 + m][i] = ((l >> 4) & decode::kLowNibbles) | (((hb >> (2 * j + 4)) & 0x03030303) << 4);
       }
       // scales[8h + 2k + m]: bytes 2j + m of the word at 8h (k = j) and at 8h + 4 (k = j + 2).
-      s.scale[m] = d * static_cast<float>(static_cast<int8_t>(scale_words[0] >> (8 * (2 * j + m))));
-      s.scale[2 + m] = d * static_cast<float>(static_cast<int8_t>(scale_words[1] >> (8 * (2 * j + m))));
+      s.scale[m] = static_cast<int8_t>(scale_words[0] >> (8 * (2 * j + m)));
+      s.scale[2 + m] = static_cast<int8_t>(scale_words[1] >> (8 * (2 * j + m)));
     }
 #pragma unroll
-    for (int g = 0; g < 4; ++g) s.offset[g] = -32.0f * s.scale[g];
+    for (int g = 0; g < 4; ++g) s.min[g] = 32 * s.scale[g];
     return s;
   }
 };
@@ -479,14 +506,6 @@ struct Decoder<TensorType::IQ4_XS> {
 //                                         element
 namespace decode {
 
-// acc + the dot product of 16 signed bytes.
-__device__ __forceinline__ int dot16(const int4& q, const int4& a, int acc) {
-  acc = dot4_i8(q.x, a.x, acc);
-  acc = dot4_i8(q.y, a.y, acc);
-  acc = dot4_i8(q.z, a.z, acc);
-  return dot4_i8(q.w, a.w, acc);
-}
-
 // (v >> shift) & mask in each of the four ints.
 __device__ __forceinline__ int4 map4(const int4& v, uint32_t shift, uint32_t mask) {
   return make_int4(static_cast<int>((static_cast<uint32_t>(v.x) >> shift) & mask),
@@ -503,6 +522,36 @@ __device__ __forceinline__ int4 top_bits(const int4& v, uint32_t shift) {
 
 __device__ __forceinline__ int4 or4(const int4& a, const int4& b) {
   return make_int4(a.x | b.x, a.y | b.y, a.z | b.z, a.w | b.w);
+}
+
+// Sum over a slice of weight * activation, for activations in Q8_K blocks (one scale per 256 values): x and
+// xs are the levels and scales from the block's first element, group g starts at element start(g). The
+// levels and scales are multiplied and summed in integers (at most 2^27 in magnitude for the K-quants), the
+// floats applied once.
+template <int G, int I, typename Start>
+__device__ __forceinline__ float scaled_dot(const ScaledLevelSlice<G, I>& s, const int8_t* x,
+                                            const ActivationScale* xs, Start start) {
+  int sum = 0;
+  int offset = 0;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int first = start(g);
+    int dot = 0;
+#pragma unroll
+    for (int i = 0; i < I; i += 4) {
+      const int4 a = load_16(x + first + 4 * i);
+      dot = dot4_u8_i8(s.q[g][i], a.x, dot);
+      dot = dot4_u8_i8(s.q[g][i + 1], a.y, dot);
+      dot = dot4_u8_i8(s.q[g][i + 2], a.z, dot);
+      dot = dot4_u8_i8(s.q[g][i + 3], a.w, dot);
+    }
+    // A group of 32 is a whole activation block, a group of 16 one half of it.
+    const ActivationScale as = xs[first / kActivationBlock];
+    const int level_sum = I == 8 ? as.sum[0] + as.sum[1] : as.sum[(first / 16) % 2];
+    sum += s.scale[g] * dot;
+    offset += s.min[g] * level_sum;
+  }
+  return xs[start(0) / kActivationBlock].d * (s.d * static_cast<float>(sum) - s.dmin * static_cast<float>(offset));
 }
 
 }  // namespace decode
@@ -535,19 +584,14 @@ struct ChunkDecoder<TensorType::Q4_K> {
   __device__ static float dot(const Raw& r, int j, const int8_t* x, const ActivationScale* scales) {
     const int p = j / 2;
     const int m = j % 2;
-    const auto dd = static_cast<uint32_t>(r.header.x);
-    const uint32_t packed[3] = {static_cast<uint32_t>(r.header.y), static_cast<uint32_t>(r.header.z),
-                                static_cast<uint32_t>(r.header.w)};
-    float scale[2];
-    float offset[2];
-    decode::k_scales_mins(reinterpret_cast<const uint8_t*>(packed), p, half_to_float(static_cast<uint16_t>(dd)),
-                          half_to_float(static_cast<uint16_t>(dd >> 16)), scale, offset);
-    const int low = decode::dot16(decode::map4(r.q, 0, decode::kLowNibbles), load_16(x + 64 * p + 16 * m), 0);
-    const int high = decode::dot16(decode::map4(r.q, 4, decode::kLowNibbles), load_16(x + 64 * p + 32 + 16 * m), 0);
-    const ActivationScale low_scale = scales[2 * p];
-    const ActivationScale high_scale = scales[2 * p + 1];
-    return low_scale.d * (scale[0] * static_cast<float>(low) + offset[0] * static_cast<float>(low_scale.sum[m])) +
-           high_scale.d * (scale[1] * static_cast<float>(high) + offset[1] * static_cast<float>(high_scale.sum[m]));
+    ScaledLevelSlice<2> s;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s.q[0][i] = decode::component(r.q, i) & decode::kLowNibbles;
+      s.q[1][i] = decode::component(r.q, i) & decode::kHighNibbles;
+    }
+    decode::k_header<true>(r.header, p, s);
+    return decode::scaled_dot(s, x, scales, [&](int g) { return 64 * p + 32 * g + 16 * m; });
   }
 };
 
@@ -576,20 +620,20 @@ struct ChunkDecoder<TensorType::Q6_K> {
     const int h = c / 4;
     const int j = (c / 2) % 2;
     const int m = c % 2;
-    float sum = 0.0f;
+    ScaledLevelSlice<2> s;
+    s.d = s.dmin = r.d;
 #pragma unroll
     for (int top = 0; top < 2; ++top) {
-      const int first = 128 * h + 64 * top + 32 * j + 16 * m;
       const int4 q = decode::or4(decode::map4(r.low, 4 * top, decode::kLowNibbles),
                                  decode::top_bits(r.high, 2 * j + 4 * top));
-      const int dot = decode::dot16(q, load_16(x + first), 0);
-      const int scale_byte = 2 * j + m;
-      const int word = top == 0 ? r.scales.x : r.scales.y;
-      const float scale = r.d * static_cast<float>(static_cast<int8_t>(word >> (8 * scale_byte)));
-      const ActivationScale a = scales[first / kActivationBlock];
-      sum += a.d * scale * static_cast<float>(dot - 32 * a.sum[m]);
+      s.q[top][0] = q.x;
+      s.q[top][1] = q.y;
+      s.q[top][2] = q.z;
+      s.q[top][3] = q.w;
+      s.scale[top] = static_cast<int8_t>((top == 0 ? r.scales.x : r.scales.y) >> (8 * (2 * j + m)));
+      s.min[top] = 32 * s.scale[top];
     }
-    return sum;
+    return decode::scaled_dot(s, x, scales, [&](int g) { return 128 * h + 64 * g + 32 * j + 16 * m; });
   }
 };
 

@@ -47,6 +47,19 @@ __device__ __forceinline__ void store_values(const QuantSlice<G, I>& s, int slic
     });
 }
 
+template <typename D, int G, int I, typename Out>
+__device__ __forceinline__ void store_values(const ScaledLevelSlice<G, I>& s, int slice, Out* block_out) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float scale = s.d * static_cast<float>(s.scale[g]);
+    const float offset = s.dmin * static_cast<float>(s.min[g]);
+    store_run<Out, 4 * I>(block_out + D::group_start(slice, g), [&](int i) {
+      const auto q = static_cast<uint8_t>(s.q[g][i / 4] >> (8 * (i % 4)));
+      return scale * static_cast<float>(q) - offset;
+    });
+  }
+}
+
 template <typename D, int N, typename Out>
 __device__ __forceinline__ void store_values(const FloatSlice<N>& s, int, Out* block_out) {
   store_run<Out, N>(block_out, [&](int i) { return s.v[i]; });

@@ -101,6 +101,26 @@ __device__ __forceinline__ int dot4_i8(int a, int b, int c) {
 #endif
 }
 
+// c + the dot product of the four unsigned bytes of a and the four signed bytes of b.
+__device__ __forceinline__ int dot4_u8_i8(int a, int b, int c) {
+#if !defined(ROCMFORGE_GPU_HIP)
+  int result;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(result) : "r"(a), "r"(b), "r"(c));
+  return result;
+#elif defined(__gfx1100__)
+  return __builtin_amdgcn_sudot4(false, a, true, b, c, false);
+#elif defined(__gfx90a__) || defined(__gfx942__) || defined(__gfx1030__)
+  // Signed dot products only: an unsigned byte is its low 7 bits plus 128 times its top bit.
+  const int low = __builtin_amdgcn_sdot4(a & 0x7F7F7F7F, b, c, false);
+  return low + 128 * __builtin_amdgcn_sdot4((a >> 7) & 0x01010101, b, 0, false);
+#else
+  const auto byte = [](int x, int i) { return static_cast<int>(static_cast<uint8_t>(x >> (8 * i))); };
+  const auto signed_byte = [](int x, int i) { return static_cast<int>(static_cast<int8_t>(x >> (8 * i))); };
+  return c + byte(a, 0) * signed_byte(b, 0) + byte(a, 1) * signed_byte(b, 1) + byte(a, 2) * signed_byte(b, 2) +
+         byte(a, 3) * signed_byte(b, 3);
+#endif
+}
+
 __device__ __forceinline__ float half_to_float(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
 __device__ __forceinline__ uint16_t float_to_half(float value) { return __half_as_ushort(__float2half(value)); }
 __device__ __forceinline__ float bf16_to_float(uint16_t bits) { return __uint_as_float(static_cast<uint32_t>(bits) << 16); }
