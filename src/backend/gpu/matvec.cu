@@ -23,6 +23,8 @@
 //
 // Bytes per token: every weight byte once (plus its share of header bytes), the activations once per team
 // from cache. Nothing is written but one float per row and batch row.
+#include <algorithm>
+
 #include "backend/gpu/block_decoders.cuh"
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
@@ -87,28 +89,33 @@ __device__ __forceinline__ float slice_dot(const FloatSlice<N>& s, int, const Pr
   return sum;
 }
 
-// A lane's share of one row: pieces (slices or chunks, kPerBlock to a block) lane, lane + lanes, ... of the
-// row's `pieces`. Each round issues kUnroll pieces' loads before it uses the first, which keeps enough bytes
-// in flight to saturate device memory; dot(loaded, block, piece, b) is the piece's dot product with batch
-// row b.
+// A lane's share of one row of `blocks` blocks, each of kPerBlock pieces (slices or chunks): pieces lane,
+// lane + lanes, ... counted along the row, so that consecutive lanes take consecutive pieces. `lanes` is a
+// multiple of kPerBlock, so a lane takes the same piece of every block it visits, and whatever a decoder
+// derives from the piece index is computed once, outside the loop. Each round issues kUnroll pieces' loads
+// before it uses the first, which keeps enough bytes in flight to saturate device memory; dot(loaded, block,
+// piece, b) is the piece's dot product with batch row b. With `early`, the lane waits for the kernel before
+// this one (whose output are the activations) only once its first loads are out.
 template <int kUnroll, int kPerBlock, int kMaxBatch, typename Load, typename Dot>
-__device__ __forceinline__ void accumulate_row(int64_t pieces, int lane, int lanes, int batch, const Load& load,
+__device__ __forceinline__ void accumulate_row(int64_t blocks, int lane, int lanes, int batch, const Load& load,
                                                const Dot& dot, float (&acc)[kMaxBatch], bool early) {
-  for (int64_t base = lane; base < pieces; base += static_cast<int64_t>(lanes) * kUnroll) {
+  const int piece = lane % kPerBlock;
+  const int first_block = lane / kPerBlock;
+  const int block_step = lanes / kPerBlock;
+  for (int64_t base = first_block; base < blocks; base += static_cast<int64_t>(block_step) * kUnroll) {
     decltype(load(int64_t{0}, 0)) loaded[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t piece = base + u * lanes;
-      if (piece < pieces) loaded[u] = load(piece / kPerBlock, static_cast<int>(piece % kPerBlock));
+      const int64_t block = base + u * block_step;
+      if (block < blocks) loaded[u] = load(block, piece);
     }
-    if (early && base == lane) wait_for_predecessor();
+    if (early && base == first_block) wait_for_predecessor();
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t piece = base + u * lanes;
+      const int64_t block = base + u * block_step;
 #pragma unroll
       for (int b = 0; b < kMaxBatch; ++b)
-        if (piece < pieces && b < batch)
-          acc[b] += dot(loaded[u], piece / kPerBlock, static_cast<int>(piece % kPerBlock), b);
+        if (block < blocks && b < batch) acc[b] += dot(loaded[u], block, piece, b);
     }
   }
 }
@@ -146,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
   const bool valid = row < segment.rows;  // rows past the end still join the shuffles below
   const WeightView weight = segment.weight;
   const int64_t blocks_per_row = cols / D::kBlockElements;
-  const int64_t slices = valid ? blocks_per_row * D::kSlices : 0;
+  const int64_t row_blocks = valid ? blocks_per_row : 0;
   const int64_t first_weight_block = row * blocks_per_row;
 
   // The weights do not depend on earlier kernels: the block's rows (and their split-off scales) are asked for
@@ -190,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
   if constexpr (kChunks) {
     using C = ChunkDecoder<T>;
     accumulate_row<C::kUnroll, C::kChunks, kMaxBatch>(
-        valid ? blocks_per_row * C::kChunks : 0, lane, lanes, batch,
+        row_blocks, lane, lanes, batch,
         [&](int64_t block, int chunk) { return C::load(weight, first_weight_block + block, chunk); },
         [&](const typename C::Raw& raw, int64_t block, int chunk, int b) {
           const int64_t first = b * cols + block * D::kBlockElements;
@@ -199,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
         acc, early);
   } else {
     accumulate_row<kUnroll<D>, D::kSlices, kMaxBatch>(
-        slices, lane, lanes, batch,
+        row_blocks, lane, lanes, batch,
         [&](int64_t block, int slice) { return D::load(weight, first_weight_block + block, slice); },
         [&](const typename D::Slice& loaded, int64_t block, int slice, int b) {
           return slice_dot<D>(loaded, slice, x, cols, b, block * D::kBlockElements);
@@ -219,16 +226,19 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
   }
 }
 
-// Lanes per row, at least 4 and at most a team: for slices, about four slices per lane; for chunks, enough
-// lanes that each takes one round of kUnroll chunks where a team suffices.
+// Lanes per row, at least 4 and the pieces of a block, at most a team: for slices, about four slices per lane;
+// for chunks, enough lanes that each takes one round of kUnroll chunks where a team suffices.
 template <TensorType T, bool kChunks>
 int lanes_per_row(int64_t cols) {
   const int64_t blocks = cols / Decoder<T>::kBlockElements;
   int lanes = 4;
-  if constexpr (kChunks)
+  if constexpr (kChunks) {
+    lanes = std::max(lanes, ChunkDecoder<T>::kChunks);
     while (lanes < kTeam && lanes * ChunkDecoder<T>::kUnroll < blocks * ChunkDecoder<T>::kChunks) lanes *= 2;
-  else
+  } else {
+    lanes = std::max(lanes, Decoder<T>::kSlices);
     while (lanes < kTeam && lanes * 8 <= blocks * Decoder<T>::kSlices) lanes *= 2;
+  }
   return lanes;
 }
 
