@@ -16,6 +16,9 @@ template <ActivationBlocks kBlocks>
 __global__ void __launch_bounds__(kQuantizeThreads) rmsnorm_kernel(const float* x, const float* weight, int64_t cols,
                                                                    float eps, ActivationOutput out) {
   start_successor();
+  // The norm's weight does not depend on earlier kernels: its load is under way while they finish.
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kQuantizeThreads + threadIdx.x;
+  const float w = i < cols ? weight[i] : 0.0f;
   wait_for_predecessor();
   __shared__ float scratch[kQuantizeThreads / 32];
   __shared__ double sum_scratch[kQuantizeThreads / 32];
@@ -31,9 +34,8 @@ __global__ void __launch_bounds__(kQuantizeThreads) rmsnorm_kernel(const float* 
   }
   const double total = block_sum(squares, sum_scratch);
   const float scale = 1.0f / sqrtf(static_cast<float>(total / static_cast<double>(cols)) + eps);
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kQuantizeThreads + threadIdx.x;
   const bool active = i - threadIdx.x % kTeam < cols;  // whole teams: quantized rows are whole blocks
-  const float value = i < cols ? row[i] * scale * weight[i] : 0.0f;
+  const float value = i < cols ? row[i] * scale * w : 0.0f;
   if (i < cols) out.f32[first + i] = value;
   quantize_element<kBlocks>(value, first + i, active, out.q, out.scales, nullptr, scratch);
 }
