@@ -349,7 +349,8 @@ class AttentionCheck {
   }
 
   // Tokens at positions `position`.. attend over the cache; the GPU's rotation, cache write and attention
-  // are compared with the CPU's rope and attend. Decoding runs once for each form of its output: f32 only,
+  // are compared with the CPU's rope and attend. Decoding (one launch that also rotates and stores the token)
+  // runs once for each form of its output, each time from the cache as it was before the token: f32 only,
   // and with the 8-bit form of a Q4_0 and of a Q4_K consumer, which must be, level for level, what
   // quantize_rows makes of the f32 output.
   void run(int64_t position, int64_t n_tokens) const {
@@ -396,10 +397,6 @@ class AttentionCheck {
     DeviceBuffer out(expected.size() * sizeof(float), "out");
     rope_table(inverse_device.as<double>(), c_.rope_dims / 2, step_device.as<int32_t>(), n_tokens,
                rope_device.as<float>(), stream_);
-    rope_and_store(shape_, q_device.as<float>(), k_device.as<float>(), v_device.as<float>(), rope_device.as<float>(),
-                   n_tokens, step_device.as<int32_t>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(),
-                   stream_);
-    check(gpuStreamSynchronize(stream_), "rotary test");
 
     // The rotation may round differently (FMA contraction), so the cached halves agree to within an ulp or so.
     const auto expect_same_cache = [](const std::vector<uint16_t>& got_cache,
@@ -409,8 +406,10 @@ class AttentionCheck {
         ASSERT_NEAR(fp16_to_fp32(got_cache[i]), e, 2e-3f * std::fabs(e) + 1e-6f) << i;
       }
     };
-    expect_same_cache(to_host<uint16_t>(keys_device, keys_cpu.size()), keys_cpu);
-    expect_same_cache(to_host<uint16_t>(values_device, values_cpu.size()), values_cpu);
+    const auto expect_cache_matches_cpu = [&] {
+      expect_same_cache(to_host<uint16_t>(keys_device, keys_cpu.size()), keys_cpu);
+      expect_same_cache(to_host<uint16_t>(values_device, values_cpu.size()), values_cpu);
+    };
     const auto expect_output_matches_cpu = [&](const std::string& what) {
       const std::vector<float> got = to_host<float>(out, expected.size());
       for (size_t i = 0; i < expected.size(); ++i)
@@ -418,6 +417,12 @@ class AttentionCheck {
     };
 
     if (n_tokens > 1) {
+      rope_and_store(shape_, q_device.as<float>(), k_device.as<float>(), v_device.as<float>(),
+                     rope_device.as<float>(), n_tokens, step_device.as<int32_t>(), keys_device.as<uint16_t>(),
+                     values_device.as<uint16_t>(), stream_);
+      check(gpuStreamSynchronize(stream_), "rotary test");
+      expect_cache_matches_cpu();
+      if (::testing::Test::HasFatalFailure()) return;
       attention_prompt(shape_, q_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(),
                        n_tokens, step_device.as<int32_t>(), out.as<float>(), stream_);
       check(gpuStreamSynchronize(stream_), "attention test");
@@ -437,12 +442,18 @@ class AttentionCheck {
         output.q = levels.as<int8_t>();
         output.scales = scales.as<ActivationScale>();
       }
-      // All bits set where the kernel writes (NaN floats and scales), so that what it leaves out shows.
+      // All bits set where the kernel writes (NaN floats and scales), so that what it leaves out shows; the
+      // cache as it was before the token.
       for (const DeviceBuffer* buffer : {&out, &levels, &scales})
         check(gpuMemsetAsync(buffer->data(), 0xff, buffer->bytes(), stream_), "attention test");
-      attention_decode(shape_, q_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(),
-                       context_, step_device.as<int32_t>(), partials_.as<float>(), output, stream_);
+      keys_device = to_device(key_cache_);
+      values_device = to_device(value_cache_);
+      attention_decode(shape_, q_device.as<float>(), k_device.as<float>(), v_device.as<float>(),
+                       rope_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(), context_,
+                       step_device.as<int32_t>(), partials_.as<float>(), output, stream_);
       check(gpuStreamSynchronize(stream_), "attention test");
+      expect_cache_matches_cpu();
+      if (::testing::Test::HasFatalFailure()) return;
       expect_output_matches_cpu(what);
       if (::testing::Test::HasFatalFailure() || output.blocks == ActivationBlocks::None) continue;
 

@@ -1,6 +1,7 @@
 // Attention over the f16 KV cache.
 //
-// Decoding (one query token): split-K in a single launch. The positions are cut into chunks of
+// Decoding (one query token): split-K in a single launch, which also rotates the token's query and key and
+// stores its key and value in the cache (a launch of its own for prompts). The positions are cut into chunks of
 // kAttentionChunk; a fixed number of thread blocks per kv head (a few per multiprocessor in all, at most one
 // per chunk of the context) share the chunks that hold positions 0 .. step[0], block b taking chunks b,
 // b + blocks, ... The grid depends on the context only, not on the position, so a captured decode step
@@ -25,6 +26,7 @@
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
 #include "backend/gpu/quantize.cuh"
+#include "backend/gpu/rope.cuh"
 
 namespace rf::gpu {
 namespace {
@@ -114,8 +116,9 @@ __device__ bool arrive_last(unsigned* counter, unsigned arrivals) {
 // kv_heads_per_combine kv heads.
 template <ActivationBlocks kBlocks>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
-    AttentionShape shape, const float* q, const uint16_t* keys, const uint16_t* values, const int32_t* step,
-    float scale, int64_t kv_heads_per_combine, float* partials, unsigned* arrivals, ActivationOutput out) {
+    AttentionShape shape, const float* q, const float* k, const float* v, const float* cos_sin, uint16_t* keys,
+    uint16_t* values, const int32_t* step, float scale, int64_t kv_heads_per_combine, float* partials,
+    unsigned* arrivals, ActivationOutput out) {
   start_successor();
   wait_for_predecessor();
   extern __shared__ float4 dynamic_shared[];  // float4: the query is read 16 bytes at a time
@@ -140,12 +143,21 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
 
   if (block < chunks) {
     for (int i = static_cast<int>(threadIdx.x); i < group * head_dim; i += kDecodeThreads) {
-      q_shared[i] = q[kv_head * group * head_dim + i];
+      q_shared[i] = rotated(q + (kv_head * group + i / head_dim) * head_dim, i % head_dim, shape, cos_sin);
       acc[i] = 0.0f;
     }
     for (int g = static_cast<int>(threadIdx.x); g < group; g += kDecodeThreads) {
       maxima[g] = -INFINITY;
       sums[g] = 0.0f;
+    }
+    // The block whose chunks include the newest position first puts its key (rotated) and value into the
+    // cache, where its scoring reads them; no other block reads that row.
+    if (block == (chunks - 1) % blocks) {
+      for (int d = static_cast<int>(threadIdx.x); d < head_dim; d += kDecodeThreads) {
+        const int64_t offset = kv_head * head_dim + d;
+        keys[(positions - 1) * kv_dim + offset] = float_to_half(rotated(k + kv_head * head_dim, d, shape, cos_sin));
+        values[(positions - 1) * kv_dim + offset] = float_to_half(v[offset]);
+      }
     }
     __syncthreads();
 
@@ -353,9 +365,9 @@ int64_t attention_partials_floats(const AttentionShape& shape, int64_t context) 
   return decode_partial_floats(shape, decode_blocks(shape, context)) + shape.n_kv_heads;
 }
 
-void attention_decode(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
-                      const uint16_t* value_cache, int64_t context, const int32_t* step, float* partials,
-                      const ActivationOutput& out, gpuStream_t stream) {
+void attention_decode(const AttentionShape& shape, const float* q, const float* k, const float* v,
+                      const float* cos_sin, uint16_t* key_cache, uint16_t* value_cache, int64_t context,
+                      const int32_t* step, float* partials, const ActivationOutput& out, gpuStream_t stream) {
   const int64_t blocks = decode_blocks(shape, context);
   const int64_t group = shape.heads_per_kv_head();
   const int64_t quantized = quantization_block(out.blocks);
@@ -367,8 +379,8 @@ void attention_decode(const AttentionShape& shape, const float* q, const uint16_
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.n_kv_heads));
   with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
     launch_overlapped("attention_decode", attention_decode_kernel<kBlocks>, grid, kDecodeThreads, shared_bytes,
-                      stream, shape, q, key_cache, value_cache, step, attention_scale(shape), kv_heads_per_combine,
-                      partials, arrivals, out);
+                      stream, shape, q, k, v, cos_sin, key_cache, value_cache, step, attention_scale(shape),
+                      kv_heads_per_combine, partials, arrivals, out);
   });
 }
 

@@ -125,7 +125,9 @@ void attention_prompt(const AttentionShape& shape, const float* q, const uint16_
                       const uint16_t* value_cache, int64_t n_tokens, const int32_t* step, float* out,
                       gpuStream_t stream);
 
-// One token (decoding) at position step[0], over positions 0 .. step[0], in one launch (split-K): the
+// One token (decoding) at position step[0], over positions 0 .. step[0], in one launch (split-K). q, k and v
+// are the token's projections before rotation: the launch rotates q and k by the angles cos_sin (rope_table
+// of the one token) and writes k and v to the cache rows of step[0], as rope_and_store would. The
 // positions are split into chunks of kAttentionChunk, shared out among a fixed number of thread blocks per kv
 // head, each of which leaves one partial softmax per query head in `partials`. The last of a kv head's blocks
 // to finish (of a few kv heads' blocks where one kv head's query heads do not fill whole quantization blocks)
@@ -139,8 +141,8 @@ constexpr int64_t kAttentionChunk = 16;
 constexpr int64_t kMaxHeadsPerKvHead = 16;
 constexpr int64_t kMaxHeadDim = 256;
 int64_t attention_partials_floats(const AttentionShape& shape, int64_t context);
-void attention_decode(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
-                      const uint16_t* value_cache, int64_t context, const int32_t* step, float* partials,
-                      const ActivationOutput& out, gpuStream_t stream);
+void attention_decode(const AttentionShape& shape, const float* q, const float* k, const float* v,
+                      const float* cos_sin, uint16_t* key_cache, uint16_t* value_cache, int64_t context,
+                      const int32_t* step, float* partials, const ActivationOutput& out, gpuStream_t stream);
 
 }  // namespace rf::gpu

@@ -1,8 +1,10 @@
 // Rotary position embedding and the KV cache write. The angles of a batch are computed once per forward pass
 // (in double precision, as the CPU backend does, so that long positions keep their accuracy); every layer
-// then rotates its queries and keys with them and stores keys and values as f16 rows of the cache.
+// then rotates its queries and keys with them and stores keys and values as f16 rows of the cache. (A single
+// token, decoding, is rotated and stored by the decode attention kernel itself.)
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
+#include "backend/gpu/rope.cuh"
 
 namespace rf::gpu {
 namespace {
@@ -34,21 +36,7 @@ __global__ void rope_store_kernel(AttentionShape shape, float* q, float* k, cons
   const bool is_key = head >= shape.n_heads;
   const int64_t kv_head = head - shape.n_heads;
   float* row = is_key ? k + t * shape.kv_dim() + kv_head * shape.head_dim : q + t * shape.q_dim() + head * shape.head_dim;
-  const int64_t pairs = shape.rope_pairs;
-  float value = 0.0f;
-  if (d < shape.head_dim) {
-    value = row[d];
-    if (d < 2 * pairs) {
-      // Normal: pair i is (2i, 2i + 1). NeoX: pair i is (i, i + pairs).
-      const int64_t pair = shape.neox ? d % pairs : d / 2;
-      const bool first = shape.neox ? d < pairs : d % 2 == 0;
-      const int64_t partner = shape.neox ? (first ? d + pairs : d - pairs) : d ^ 1;
-      const float other = row[partner];
-      const float c = cos_sin[2 * (t * pairs + pair)];
-      const float s = cos_sin[2 * (t * pairs + pair) + 1];
-      value = first ? value * c - other * s : other * s + value * c;
-    }
-  }
+  const float value = d < shape.head_dim ? rotated(row, d, shape, cos_sin + 2 * t * shape.rope_pairs) : 0.0f;
   __syncthreads();
   if (d >= shape.head_dim) return;
   row[d] = value;

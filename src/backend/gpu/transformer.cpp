@@ -226,13 +226,14 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
               {device_matrix(layer.attn_k), k.as<float>()},
               {device_matrix(layer.attn_v), v.as<float>()}},
              normalized, n, false);
-    rope_and_store(shape, q.as<float>(), k.as<float>(), v.as<float>(), rope.as<float>(), n, step, key_cache(l),
-                   value_cache(l), s);
     if (n == 1) {
-      // Also writes the 8-bit form that the output projection reads.
-      attention_decode(shape, q.as<float>(), key_cache(l), value_cache(l), context, step, partials.as<float>(),
+      // Also rotates q and k, stores k and v, and writes the 8-bit form that the output projection reads.
+      attention_decode(shape, q.as<float>(), k.as<float>(), v.as<float>(), rope.as<float>(), key_cache(l),
+                       value_cache(l), context, step, partials.as<float>(),
                        attention_out.output_for(layer.attn_output.type()), s);
     } else {
+      rope_and_store(shape, q.as<float>(), k.as<float>(), v.as<float>(), rope.as<float>(), n, step, key_cache(l),
+                     value_cache(l), s);
       attention_prompt(shape, q.as<float>(), key_cache(l), value_cache(l), n, step, attention_out.f32(), s);
       attention_out.changed();
     }

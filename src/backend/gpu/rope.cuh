@@ -1,0 +1,28 @@
+// The rotary position embedding of one value, shared by the kernel that rotates and stores a prompt's queries
+// and keys (rope.cu) and the decode attention kernel, which rotates its token's query and key as it reads them
+// (attention.cu).
+#pragma once
+#include <cstdint>
+
+#include "backend/gpu/kernels.h"
+
+namespace rf::gpu {
+
+// Value d of a head after rotation by the angles of one token (cos_sin: (cos, sin) per dimension pair); `head`
+// holds the head's values before rotation. Dimensions past the rotated pairs keep their value.
+__device__ __forceinline__ float rotated(const float* head, int64_t d, const AttentionShape& shape,
+                                         const float* cos_sin) {
+  const float value = head[d];
+  const int64_t pairs = shape.rope_pairs;
+  if (d >= 2 * pairs) return value;
+  // Normal: pair i is (2i, 2i + 1). NeoX: pair i is (i, i + pairs).
+  const int64_t pair = shape.neox ? d % pairs : d / 2;
+  const bool first = shape.neox ? d < pairs : d % 2 == 0;
+  const int64_t partner = shape.neox ? (first ? d + pairs : d - pairs) : d ^ 1;
+  const float other = head[partner];
+  const float c = cos_sin[2 * pair];
+  const float s = cos_sin[2 * pair + 1];
+  return first ? value * c - other * s : other * s + value * c;
+}
+
+}  // namespace rf::gpu
