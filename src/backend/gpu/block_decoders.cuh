@@ -506,6 +506,29 @@ struct Decoder<TensorType::IQ4_XS> {
 //                                         element
 namespace decode {
 
+// The integer dot product of a group's kInts ints of quants (signed or unsigned bytes, as `dot4` reads them)
+// with the 4 kInts activation levels at x.
+template <int kInts, int (*dot4)(int, int, int)>
+__device__ __forceinline__ int group_dot(const int (&q)[kInts], const int8_t* x) {
+  int dot = 0;
+#pragma unroll
+  for (int i = 0; i < kInts; i += 4) {
+    const int4 a = load_16(x + 4 * i);
+    dot = dot4(q[i], a.x, dot);
+    dot = dot4(q[i + 1], a.y, dot);
+    dot = dot4(q[i + 2], a.z, dot);
+    dot = dot4(q[i + 3], a.w, dot);
+  }
+  return dot;
+}
+
+// The sum of the activation levels of a group of 4 kInts starting at element `first`: a group of 32 is a whole
+// activation block, a group of 16 one half of it.
+template <int kInts>
+__device__ __forceinline__ int group_level_sum(const ActivationScale& as, int first) {
+  return kInts == 8 ? as.sum[0] + as.sum[1] : as.sum[(first / 16) % 2];
+}
+
 // Sum over a slice of weight * activation, for activations in Q8_K blocks (one scale per 256 values): x and
 // xs are the levels and scales from the block's first element, group g starts at element start(g). The
 // levels and scales are multiplied and summed in integers (at most 2^27 in magnitude for the K-quants), the
@@ -518,20 +541,8 @@ __device__ __forceinline__ float scaled_dot(const ScaledLevelSlice<G, I>& s, con
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     const int first = start(g);
-    int dot = 0;
-#pragma unroll
-    for (int i = 0; i < I; i += 4) {
-      const int4 a = load_16(x + first + 4 * i);
-      dot = dot4_u8_i8(s.q[g][i], a.x, dot);
-      dot = dot4_u8_i8(s.q[g][i + 1], a.y, dot);
-      dot = dot4_u8_i8(s.q[g][i + 2], a.z, dot);
-      dot = dot4_u8_i8(s.q[g][i + 3], a.w, dot);
-    }
-    // A group of 32 is a whole activation block, a group of 16 one half of it.
-    const ActivationScale as = xs[first / kActivationBlock];
-    const int level_sum = I == 8 ? as.sum[0] + as.sum[1] : as.sum[(first / 16) % 2];
-    sum += s.scale[g] * dot;
-    offset += s.min[g] * level_sum;
+    sum += s.scale[g] * group_dot<I, dot4_u8_i8>(s.q[g], x + first);
+    offset += s.min[g] * group_level_sum<I>(xs[first / kActivationBlock], first);
   }
   return xs[start(0) / kActivationBlock].d * (s.d * static_cast<float>(sum) - s.dmin * static_cast<float>(offset));
 }

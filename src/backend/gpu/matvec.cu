@@ -51,18 +51,9 @@ __device__ __forceinline__ float slice_dot(const QuantSlice<G, I>& s, int slice,
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     const int start = D::group_start(slice, g);
-    int dot = 0;
-#pragma unroll
-    for (int i = 0; i < I; i += 4) {
-      const int4 a = load_16(q + start + 4 * i);
-      dot = dot4_i8(s.q[g][i], a.x, dot);
-      dot = dot4_i8(s.q[g][i + 1], a.y, dot);
-      dot = dot4_i8(s.q[g][i + 2], a.z, dot);
-      dot = dot4_i8(s.q[g][i + 3], a.w, dot);
-    }
-    // A group of 16 is one half of an activation block, a group of 32 the whole block.
+    const int dot = decode::group_dot<I, dot4_i8>(s.q[g], q + start);
     const ActivationScale as = scales[start / kActivationBlock];
-    const int level_sum = I == 8 ? as.sum[0] + as.sum[1] : as.sum[(start / 16) % 2];
+    const int level_sum = decode::group_level_sum<I>(as, start);
     sum += as.d * (s.scale[g] * static_cast<float>(dot) + s.offset[g] * static_cast<float>(level_sum));
   }
   return sum;
