@@ -195,18 +195,20 @@ TEST_F(GpuKernels, MatvecCoversRoundsAndSegments) {
 
 TEST_P(GpuWeightTypes, DequantizeAndEmbedMatchCpu) {
   const TensorType type = GetParam();
-  const TestMatrix m = make_matrix(type, 11, 512, stream());
-  DeviceBuffer half_rows(static_cast<size_t>(4 * m.cols) * sizeof(uint16_t), "f16 rows");
-  dequantize_to_f16(type, m.view(), m.cols, 3, 4, half_rows.as<uint16_t>(), stream());
+  // Rows 2 .. 10 of 2048 values: several thread blocks' tiles for every type, the last one partial.
+  const TestMatrix m = make_matrix(type, 11, 2048, stream());
+  constexpr int64_t kFirstRow = 2, kRows = 9;
+  DeviceBuffer half_rows(static_cast<size_t>(kRows * m.cols) * sizeof(uint16_t), "f16 rows");
+  dequantize_to_f16(type, m.view(), m.cols, kFirstRow, kRows, half_rows.as<uint16_t>(), stream());
   const std::vector<int32_t> step{0, 5, 0, 10};  // position, then three token ids
   const DeviceBuffer step_device = to_device(step);
   DeviceBuffer embedded(static_cast<size_t>(3 * m.cols) * sizeof(float), "embeddings");
   embed_tokens(type, m.view(), m.cols, step_device.as<int32_t>(), 3, embedded.as<float>(), stream());
   synchronize();
 
-  const std::vector<uint16_t> halves = to_host<uint16_t>(half_rows, static_cast<size_t>(4 * m.cols));
-  for (int64_t i = 0; i < 4 * m.cols; ++i) {
-    const float expected = m.values[3 * m.cols + i];
+  const std::vector<uint16_t> halves = to_host<uint16_t>(half_rows, static_cast<size_t>(kRows * m.cols));
+  for (int64_t i = 0; i < kRows * m.cols; ++i) {
+    const float expected = m.values[kFirstRow * m.cols + i];
     ASSERT_NEAR(fp16_to_fp32(halves[i]), expected, 1e-3 * std::fabs(expected) + 1e-6)
         << tensor_type_name(type) << " element " << i;
   }

@@ -66,23 +66,47 @@ __device__ __forceinline__ void store_values(const FloatSlice<N>& s, int, Out* b
 }
 
 // Row r of the output is weight row rows[r] when `row_ids` is given (tokens: step + 1), else first_row + r.
-// One thread per slice, consecutive threads on consecutive slices.
+// One thread per slice, consecutive threads on consecutive slices. A thread block's slices cover consecutive
+// output values (rows of whole blocks follow each other), so f16 tiles (the GEMMs' weights, the bulk of the
+// bytes) are decoded into shared memory first and written out in 16-byte pieces that consecutive threads
+// take in order: written straight from the slices, each store of a warp would touch 32 cache lines.
 template <TensorType T, typename Out>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(WeightView weight, int64_t cols, const int32_t* row_ids,
                                                               int64_t first_row, int64_t n_rows, Out* out) {
   using D = Decoder<T>;
+  constexpr int kSliceValues = D::kBlockElements / D::kSlices;
+  constexpr bool kStaged = sizeof(Out) == 2;
+  __shared__ int4 tile[kStaged ? kThreads * kSliceValues * sizeof(Out) / 16 : 1];
   start_successor();
   wait_for_predecessor();
   const int64_t blocks_per_row = cols / D::kBlockElements;
   const int64_t slices_per_row = blocks_per_row * D::kSlices;
-  const auto index = static_cast<uint32_t>(blockIdx.x * kThreads + threadIdx.x);  // tiles stay below 2^32 slices
-  if (index >= n_rows * slices_per_row) return;
-  const auto r = static_cast<int64_t>(index / static_cast<uint32_t>(slices_per_row));
-  const auto s = static_cast<int64_t>(index % static_cast<uint32_t>(slices_per_row));
-  const int64_t weight_row = row_ids ? row_ids[r] : first_row + r;
-  const int slice = static_cast<int>(s % D::kSlices);
-  const auto loaded = D::load(weight, weight_row * blocks_per_row + s / D::kSlices, slice);
-  store_values<D>(loaded, slice, out + r * cols + s / D::kSlices * D::kBlockElements);
+  const int64_t slices = n_rows * slices_per_row;
+  const auto first_index = static_cast<int64_t>(blockIdx.x) * kThreads;  // tiles stay below 2^32 slices
+  const int64_t index = first_index + threadIdx.x;
+  if (index < slices) {
+    const int64_t r = index / slices_per_row;
+    const int64_t s = index % slices_per_row;
+    const int64_t weight_row = row_ids ? row_ids[r] : first_row + r;
+    const int slice = static_cast<int>(s % D::kSlices);
+    const auto loaded = D::load(weight, weight_row * blocks_per_row + s / D::kSlices, slice);
+    // The value offset of the slice's block: in the tile, or in the output.
+    const int64_t block_value = (index - slice) * kSliceValues;
+    if constexpr (kStaged)
+      store_values<D>(loaded, slice, reinterpret_cast<Out*>(tile) + (block_value - first_index * kSliceValues));
+    else
+      store_values<D>(loaded, slice, out + block_value);
+  }
+  if constexpr (kStaged) {
+    __syncthreads();
+    const int64_t values = (min(slices, first_index + kThreads) - first_index) * kSliceValues;
+    Out* target = out + first_index * kSliceValues;
+    const int64_t pieces = values * static_cast<int64_t>(sizeof(Out)) / 16;
+    for (int64_t i = threadIdx.x; i < pieces; i += kThreads) reinterpret_cast<int4*>(target)[i] = tile[i];
+    // A last tile of the 4-value float slices may end in the middle of a piece.
+    for (int64_t i = pieces * 16 / static_cast<int64_t>(sizeof(Out)) + threadIdx.x; i < values; i += kThreads)
+      target[i] = reinterpret_cast<const Out*>(tile)[i];
+  }
 }
 
 template <typename Out>
