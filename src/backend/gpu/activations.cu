@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const float* gate, con
     value = g / (1.0f + expf(-g)) * up[i];
     out.f32[i] = value;
   }
-  quantize_element<kBlocks>(value, i, active, out.q, out.scales, nullptr, scratch);
+  quantize_element<kBlocks>(value, i, active, out.q, out.scales, out.f16, scratch);
 }
 
 }  // namespace

@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
       out.f32[first + e] = value;
     }
     const bool active = e - threadIdx.x % kTeam < outputs;  // whole teams: the group is whole blocks
-    quantize_element<kBlocks>(value, first + e, active, out.q, out.scales, nullptr, scratch);
+    quantize_element<kBlocks>(value, first + e, active, out.q, out.scales, out.f16, scratch);
   }
 }
 

@@ -38,12 +38,14 @@ struct ProductInput {
 };
 
 // Where a kernel that produces activation rows writes them: the f32 rows, and the 8-bit form of `blocks`
-// (none for ActivationBlocks::None) that the products reading them next take.
+// (none for ActivationBlocks::None) that the products reading them next take; where f16 is given, also the
+// values those levels stand for as f16, which tensor-core GEMMs take.
 struct ActivationOutput {
   float* f32 = nullptr;
   ActivationBlocks blocks = ActivationBlocks::None;
   int8_t* q = nullptr;
   ActivationScale* scales = nullptr;
+  uint16_t* f16 = nullptr;
 };
 
 // Batches up to this size run as matrix-vector products that read each weight once for all rows.

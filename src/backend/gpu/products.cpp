@@ -38,7 +38,7 @@ void ActivationRows::changed() {
   q8_0_.current = q8_k_.current = half_current_ = false;
 }
 
-ActivationOutput ActivationRows::output_for(TensorType consumer) {
+ActivationOutput ActivationRows::output_for(TensorType consumer, int64_t n) {
   changed();
   ActivationOutput out;
   out.f32 = f32();
@@ -49,6 +49,11 @@ ActivationOutput ActivationRows::output_for(TensorType consumer) {
   out.blocks = blocks;
   out.q = form.q.as<int8_t>();
   out.scales = form.scales.as<ActivationScale>();
+  if (runs_as_gemm(n)) {
+    out.f16 = f16_.as<uint16_t>();
+    half_current_ = true;
+    half_blocks_ = blocks;
+  }
   return out;
 }
 
@@ -130,7 +135,7 @@ void Products::multiply(std::span<const Target> targets, ActivationRows& x, int6
     if (x.cols() != target.weight.cols)
       fail("product: activation rows have {} values, the weight rows {}", x.cols(), target.weight.cols);
 #if !defined(ROCMFORGE_GPU_HIP)
-  if (n > kMaxMatvecBatch) {
+  if (runs_as_gemm(n)) {
     for (const Target& target : targets)
       gemm(target.weight, x.input_for(target.weight, n, true, stream), n, target.y, accumulate, stream);
     return;

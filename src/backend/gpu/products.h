@@ -36,9 +36,9 @@ class ActivationRows {
   int64_t cols() const { return cols_; }
   // The rows are about to be rewritten: every other form is stale.
   void changed();
-  // Where a kernel writes new rows that products with `consumer` weights read next: the f32 rows and, made
-  // by the same kernel, the 8-bit form those products take.
-  ActivationOutput output_for(TensorType consumer);
+  // Where a kernel writes n new rows that products with `consumer` weights read next: the f32 rows and, made
+  // by the same kernel, the 8-bit form those products take, and its f16 form where they run as GEMMs.
+  ActivationOutput output_for(TensorType consumer, int64_t n);
   // The forms of the first n rows that a product with `weight` reads (as matvec or as GEMM).
   ProductInput input_for(const DeviceMatrix& weight, int64_t n, bool gemm, gpuStream_t stream);
 
@@ -59,6 +59,16 @@ class ActivationRows {
   bool half_current_ = false;
   ActivationBlocks half_blocks_ = ActivationBlocks::None;  // what the f16 form holds: x, or its 8-bit form
 };
+
+// Whether a product of n activation rows runs as a GEMM on the tensor cores (else as matrix-vector passes).
+constexpr bool runs_as_gemm(int64_t n) {
+#if defined(ROCMFORGE_GPU_HIP)
+  (void)n;
+  return false;  // no BLAS
+#else
+  return n > kMaxMatvecBatch;
+#endif
+}
 
 class Products {
  public:

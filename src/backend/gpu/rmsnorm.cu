@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kQuantizeThreads) rmsnorm_kernel(const float* 
   const bool active = i - threadIdx.x % kTeam < cols;  // whole teams: quantized rows are whole blocks
   const float value = i < cols ? row[i] * scale * w : 0.0f;
   if (i < cols) out.f32[first + i] = value;
-  quantize_element<kBlocks>(value, first + i, active, out.q, out.scales, nullptr, scratch);
+  quantize_element<kBlocks>(value, first + i, active, out.q, out.scales, out.f16, scratch);
 }
 
 }  // namespace

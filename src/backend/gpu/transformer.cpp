@@ -206,7 +206,7 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
   // The norm also writes the 8-bit form that `consumer`'s product reads.
   const auto normalize = [&](const float* in, const model::LazyTensor& weight, int64_t rows,
                              const model::LazyTensor& consumer) {
-    rmsnorm(in, f32(weight), rows, c.n_embd, c.rms_eps, normalized.output_for(consumer.type()), s);
+    rmsnorm(in, f32(weight), rows, c.n_embd, c.rms_eps, normalized.output_for(consumer.type(), rows), s);
   };
 
   // Each token's embedding row, and the rotation angles of its position.
@@ -230,7 +230,7 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
       // Also rotates q and k, stores k and v, and writes the 8-bit form that the output projection reads.
       attention_decode(shape, q.as<float>(), k.as<float>(), v.as<float>(), rope.as<float>(), key_cache(l),
                        value_cache(l), context, step, partials.as<float>(),
-                       attention_out.output_for(layer.attn_output.type()), s);
+                       attention_out.output_for(layer.attn_output.type(), n), s);
     } else {
       rope_and_store(shape, q.as<float>(), k.as<float>(), v.as<float>(), rope.as<float>(), n, step, key_cache(l),
                      value_cache(l), s);
@@ -243,7 +243,7 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
     normalize(x.as<float>(), layer.ffn_norm, n, layer.ffn_gate);
     multiply({{device_matrix(layer.ffn_gate), hidden.f32()}, {device_matrix(layer.ffn_up), up.as<float>()}}, normalized,
              n, false);
-    swiglu(hidden.f32(), up.as<float>(), n, c.n_ff, hidden.output_for(layer.ffn_down.type()), s);
+    swiglu(hidden.f32(), up.as<float>(), n, c.n_ff, hidden.output_for(layer.ffn_down.type(), n), s);
     multiply({{device_matrix(layer.ffn_down), x.as<float>()}}, hidden, n, true);
   }
   if (!logits) return;
