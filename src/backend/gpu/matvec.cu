@@ -241,7 +241,8 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
   const int64_t stage_bytes = Decoder<T>::kBlockElements >= kActivationBlock && x.q
                                   ? batch * cols + batch * cols / kActivationBlock * 8
                                   : batch * cols * 4;
-    const bool staged = batch > 1 && stage_bytes <= kMaxStagedBytes && (batch * cols) % 64 == 0;  // whole 16-byte pieces
+  // Staged: whole 16-byte pieces.
+  const bool staged = batch > 1 && stage_bytes <= kMaxStagedBytes && (batch * cols) % 64 == 0;
   const int64_t rows_per_block = kThreads / lanes;
   Segments packed{};
   unsigned blocks = 0;
