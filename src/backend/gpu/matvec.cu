@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
         },
         acc, early);
   }
-  if (early) wait_for_predecessor();
+  if (early) wait_for_predecessor();  // lanes without a piece, and the accumulating store below
   for (int mask = min(lanes, kTeam) / 2; mask > 0; mask /= 2)
 #pragma unroll
     for (int b = 0; b < kMaxBatch; ++b) acc[b] += shuffle_xor(acc[b], mask, kTeam);
@@ -229,10 +229,11 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
   }
 }
 
+constexpr int64_t kTwoTeamCols = 8192;
+
 // Lanes per row, at least 4 and the pieces of a block, at most a team (two for the widest rows): for slices,
 // about four slices per lane; for chunks, enough lanes that each takes one round of kUnroll chunks where a team
 // suffices.
-constexpr int64_t kTwoTeamCols = 8192;
 template <TensorType T, bool kChunks>
 int lanes_per_row(int64_t cols) {
   const int64_t blocks = cols / Decoder<T>::kBlockElements;
@@ -260,7 +261,6 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
   const int64_t stage_bytes = Decoder<T>::kBlockElements >= kActivationBlock && x.q
                                   ? batch * cols + batch * cols / kActivationBlock * 8
                                   : batch * cols * 4;
-  // Staged: whole 16-byte pieces.
   const bool staged = batch > 1 && stage_bytes <= kMaxStagedBytes && (batch * cols) % 64 == 0;
   const int64_t rows_per_block = kThreads / lanes;
   Segments packed{};
