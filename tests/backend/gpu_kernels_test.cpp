@@ -510,6 +510,11 @@ TEST_F(GpuKernels, DecodeAttentionNeoxMatchesCpu) {
 TEST_F(GpuKernels, DecodeAttentionQuantizesAcrossKvHeads) {
   check_decoding(attention_config(model::RopeStyle::Normal, 16, 8, 32), stream());
 }
+// Heads of 36 values: cache rows are not whole 16-byte pieces, so keys are read 4 bytes at a time and not asked
+// for in L2 ahead (and a Q8_K block takes the heads of 32 kv heads).
+TEST_F(GpuKernels, DecodeAttentionReadsRowsOfOddPieces) {
+  check_decoding(attention_config(model::RopeStyle::Normal, 64, 32, 36), stream());
+}
 TEST_F(GpuKernels, PromptAttentionMatchesCpu) {
   AttentionCheck(attention_config(model::RopeStyle::Normal), 600, stream()).run(300, 5);
 }

@@ -73,11 +73,15 @@ __device__ __forceinline__ float dot_8(const float (&k)[8], const float* q) {
          k[7] * qb.w;
 }
 
+// The combining block keeps a factor per query head it combines and per thread block of a kv head in shared
+// memory: at most this many floats (32 KiB), which bounds the thread blocks of a kv head on large GPUs.
+constexpr int64_t kMaxCombineFactors = 8192;
+
 // Thread blocks per kv head of the decode grid.
 int64_t decode_blocks(const AttentionShape& shape, int64_t context) {
   static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
   const int64_t wanted = (kDecodeBlocksPerMultiprocessor * multiprocessors + shape.n_kv_heads - 1) / shape.n_kv_heads;
-  return std::max<int64_t>(1, std::min(wanted, max_splits(context)));
+  return std::max<int64_t>(1, std::min({wanted, max_splits(context), kMaxCombineFactors / shape.n_heads}));
 }
 
 // Floats of the partial results: per query head and thread block, head_dim unnormalized outputs, then the
@@ -120,7 +124,6 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     uint16_t* values, const int32_t* step, float scale, int64_t kv_heads_per_combine, float* partials,
     unsigned* arrivals, ActivationOutput out) {
   start_successor();
-  wait_for_predecessor();
   extern __shared__ float4 dynamic_shared[];  // float4: the query is read 16 bytes at a time
   __shared__ float scratch[kDecodeThreads / 32];
   const int block = static_cast<int>(blockIdx.x);
@@ -129,8 +132,24 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
   const int group = static_cast<int>(shape.heads_per_kv_head());
   const int head_dim = static_cast<int>(shape.head_dim);
   const int64_t kv_dim = shape.kv_dim();
+  const int team = static_cast<int>(threadIdx.x / kTeam);
+  const int lane = static_cast<int>(threadIdx.x % kTeam);
+  // The position was written before the pass's first kernel started, and the cache rows of earlier positions
+  // by earlier passes: neither depends on the kernels before this one, so the block asks for its chunks' keys
+  // and values in L2 while they finish (each row's bytes of this kv head; the newest row is this launch's to
+  // write).
   const int64_t positions = step[0] + 1;
   const int64_t chunks = (positions + kAttentionChunk - 1) / kAttentionChunk;
+  if (head_dim % 8 == 0) {
+    const int64_t rows = 2 * kAttentionChunk * ((chunks - block + blocks - 1) / blocks);  // keys and values
+    for (int64_t i = threadIdx.x; i < rows; i += kDecodeThreads) {
+      const int64_t position = (block + i / (2 * kAttentionChunk) * blocks) * kAttentionChunk + i / 2 % kAttentionChunk;
+      const uint16_t* cache = i % 2 == 0 ? keys : values;
+      if (position < positions - 1)
+        prefetch_to_l2(cache + position * kv_dim + kv_head * head_dim, static_cast<uint32_t>(head_dim * 2));
+    }
+  }
+  wait_for_predecessor();
   const int64_t stride = head_dim + 2;  // floats of one partial result
   float* q_shared = reinterpret_cast<float*>(dynamic_shared);  // [group][head_dim]
   // [group][head_dim]: the weighted values under the running maximum (in shared memory rather than registers,
@@ -161,8 +180,6 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     }
     __syncthreads();
 
-    const int team = static_cast<int>(threadIdx.x / kTeam);
-    const int lane = static_cast<int>(threadIdx.x % kTeam);
     const int slot = static_cast<int>(threadIdx.x / kLanesPerPosition);  // the position of the chunk it scores
     const int part = static_cast<int>(threadIdx.x % kLanesPerPosition);
     for (int64_t chunk = block; chunk < chunks; chunk += blocks) {
@@ -253,30 +270,43 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
   const int64_t combine_group = kv_head / kv_heads_per_combine;
   if (!arrive_last(arrivals + combine_group, static_cast<unsigned>(kv_heads_per_combine * blocks))) return;
 
-  // The combining block: each output value from the partials of the blocks that had chunks, rescaled to
-  // their common maximum; kDecodeThreads consecutive values at a time, which quantize together.
-  const int64_t first = combine_group * kv_heads_per_combine * group * head_dim;  // the group's first value
-  const int64_t outputs = kv_heads_per_combine * group * head_dim;  // a multiple of the quantization block
-  const int64_t used = min(static_cast<int64_t>(blocks), chunks);
-  for (int64_t base = 0; base < outputs; base += kDecodeThreads) {
-    const int64_t e = base + threadIdx.x;
+  // The combining block. First, a team per query head of the group: the factor that brings each partial (of
+  // the blocks that had chunks) to the head's common maximum, divided by the softmax's sum under it.
+  const int heads = static_cast<int>(kv_heads_per_combine) * group;
+  const int64_t first_head = combine_group * heads;
+  const int used = static_cast<int>(min(static_cast<int64_t>(blocks), chunks));
+  float* factors = reinterpret_cast<float*>(dynamic_shared);  // [heads][used]: at most kMaxCombineFactors
+  for (int h = team; h < heads; h += kDecodeTeams) {
+    const float* head_partials = partials + (first_head + h) * blocks * stride;
+    float maximum = -INFINITY;
+    for (int b = lane; b < used; b += kTeam) maximum = fmaxf(maximum, head_partials[b * stride + head_dim]);
+    maximum = team_max(maximum);
+    float total = 0.0f;
+    for (int b = lane; b < used; b += kTeam) {
+      const float rescale = expf(head_partials[b * stride + head_dim] - maximum);
+      factors[h * used + b] = rescale;
+      total += head_partials[b * stride + head_dim + 1] * rescale;
+    }
+    total = team_sum(total);
+    for (int b = lane; b < used; b += kTeam) factors[h * used + b] /= total;
+  }
+  __syncthreads();
+
+  // Then each output value, kDecodeThreads consecutive ones at a time, which quantize together.
+  const int64_t first = first_head * head_dim;  // the group's first value
+  const int outputs = heads * head_dim;         // a multiple of the quantization block
+  for (int base = 0; base < outputs; base += kDecodeThreads) {
+    const int e = base + static_cast<int>(threadIdx.x);
     float value = 0.0f;
     if (e < outputs) {
-      const int64_t d = (first + e) % head_dim;
-      const float* head_partials = partials + (first + e) / head_dim * blocks * stride;
-      float maximum = -INFINITY;
-      for (int64_t b = 0; b < used; ++b) maximum = fmaxf(maximum, head_partials[b * stride + head_dim]);
-      float weighted = 0.0f, total = 0.0f;
-      for (int64_t b = 0; b < used; ++b) {
-        const float* partial = head_partials + b * stride;
-        const float rescale = expf(partial[head_dim] - maximum);
-        weighted += partial[d] * rescale;
-        total += partial[head_dim + 1] * rescale;
-      }
-      value = weighted / total;
+      const int h = e / head_dim;
+      const float* partial = partials + (first_head + h) * blocks * stride + e % head_dim;
+      const float* head_factors = factors + h * used;
+#pragma unroll 8
+      for (int b = 0; b < used; ++b) value += partial[b * stride] * head_factors[b];
       out.f32[first + e] = value;
     }
-    const bool active = e - threadIdx.x % kTeam < outputs;  // whole teams: the group is whole blocks
+    const bool active = e - static_cast<int>(threadIdx.x) % kTeam < outputs;  // whole teams: the group is whole blocks
     quantize_element<kBlocks>(value, first + e, active, out.q, out.scales, out.f16, scratch);
   }
 }
@@ -375,7 +405,10 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
   if (shape.n_kv_heads % kv_heads_per_combine != 0)
     fail_with("attention_decode: the output rows are not whole blocks of their 8-bit form");
   auto* arrivals = reinterpret_cast<unsigned*>(partials + decode_partial_floats(shape, blocks));
-  const size_t shared_bytes = sizeof(float) * static_cast<size_t>(group * (2 * shape.head_dim + kAttentionChunk + 3));
+  // The scoring blocks' query, weighted values and softmax; then the combining block's factors.
+  const size_t shared_bytes =
+      sizeof(float) * static_cast<size_t>(std::max(group * (2 * shape.head_dim + kAttentionChunk + 3),
+                                                   kv_heads_per_combine * group * blocks));
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.n_kv_heads));
   with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
     launch_overlapped("attention_decode", attention_decode_kernel<kBlocks>, grid, kDecodeThreads, shared_bytes,
