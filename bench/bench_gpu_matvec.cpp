@@ -1,8 +1,8 @@
-// The decode products of an 8B llama (Q4_K_M and F16) and the largest ones of a 1B, one launch at a time on
-// the GPU: each product is launched back to back on one stream and timed with events, which is how a
-// captured decode step replays them. Reports microseconds per product and the weight bytes it streams per
-// second. The weights are a constant byte pattern (the kernels' speed does not depend on the values), so
-// nothing is quantized on the host. Skips when no GPU is present.
+// The decode products of an 8B llama (Q4_K_M and F16, and its gate + up in other common types) and the largest
+// ones of a 1B, one launch at a time on the GPU: each product is launched back to back on one stream and timed
+// with events, which is how a captured decode step replays them. Reports microseconds per product and the weight
+// bytes it streams per second. The weights are a constant byte pattern (the kernels' speed does not depend on
+// the values), so nothing is quantized on the host. Skips when no GPU is present.
 #include <benchmark/benchmark.h>
 
 #if ROCMFORGE_HAVE_GPU
@@ -93,6 +93,11 @@ void register_products() {
       {"q_k_v/F16", TensorType::F16, {kDim, kDim / 4, kDim / 4}, kDim},
       {"gate_up/F16", TensorType::F16, {kHidden, kHidden}, kDim},
       {"down/F16", TensorType::F16, {kDim}, kHidden},
+      {"gate_up/Q8_0", TensorType::Q8_0, {kHidden, kHidden}, kDim},
+      {"gate_up/Q4_0", TensorType::Q4_0, {kHidden, kHidden}, kDim},
+      {"gate_up/Q5_K", TensorType::Q5_K, {kHidden, kHidden}, kDim},
+      {"gate_up/Q3_K", TensorType::Q3_K, {kHidden, kHidden}, kDim},
+      {"gate_up/IQ4_XS", TensorType::IQ4_XS, {kHidden, kHidden}, kDim},
       {"1b_gate_up/Q4_K", TensorType::Q4_K, {k1bHidden, k1bHidden}, k1bDim},
       {"1b_down/Q6_K", TensorType::Q6_K, {k1bDim}, k1bHidden},
   };

@@ -1,25 +1,30 @@
 // Matrix-vector products for decoding (1 to kMaxMatvecBatch activation rows): the weights are read once, in
 // their stored type, and dequantized in registers right before the dot product.
 //
-// A group of `lanes` lanes (4 to 64, a power of two) computes one output row, so that every lane gets
-// several slices however narrow the row: lane l of the group takes slices l, l + lanes, ...; consecutive
-// lanes take consecutive slices, so a group's loads of one step cover consecutive pieces of the row (a few
-// header bytes apart for the quantized types). Each lane issues kUnroll slices' loads before it uses the
-// first, which keeps enough bytes in flight to saturate device memory. Quantized weights meet 8-bit
-// activations in dp4a; float weights meet f32 activations in FMAs. Q6_K, and Q4_K on narrow rows, go by
-// chunks instead (block_decoders.cuh: ChunkDecoder): 16 bytes of quants a lane, consecutive lanes on
-// consecutive chunks, a whole team on one row where it is wide enough, so that one load of a team reads 512
-// consecutive bytes.
+// A group of `lanes` lanes (4 to 64, a power of two) computes one output row (two: see below), so that every lane gets
+// several slices however narrow the row: lane l of the group takes slices l, l + lanes, ...; consecutive lanes take
+// consecutive slices, so a group's loads of one step cover consecutive pieces of the row (a few header bytes apart for
+// the quantized types). Each lane issues kUnroll slices' loads before it uses the first, which keeps enough bytes in
+// flight to saturate device memory. Quantized weights meet 8-bit activations in dp4a; float weights meet f32
+// activations in FMAs. Q6_K, and Q4_K on narrow rows, go by chunks instead (block_decoders.cuh: ChunkDecoder): 16 bytes
+// of quants a lane, consecutive lanes on consecutive chunks, a whole team on one row where it is wide enough, so that
+// one load of a team reads 512 consecutive bytes.
 //
 // Each thread block asks for its rows' bytes in L2 (one bulk prefetch) before it waits for the kernel before it
 // (programmatic dependent launch, device.cuh): the weights do not depend on earlier kernels, so their fetch
 // overlaps the previous kernel's tail. By chunks, each lane also issues its first round of loads before that
 // wait (measured on an H200: the 1B's decoding 1100 -> 1162 tokens/s; the same for slices lost 3% on the 8B).
 //
-// Every lane reads activations for each slice it takes: as many bytes as the weights, times the batch. For
-// batches of 2 or more, a thread block first copies the activations (up to kMaxStagedBytes) into shared
-// memory, which takes that traffic off the caches; for one row the cache serves it faster than the copy and
-// the barrier after it cost (the 8B's gate + up 28.2 -> 25.9 us unstaged, decoding 313 -> 329 tokens/s).
+// Every lane reads activations for each slice it takes: as many bytes as the weights, times the batch (for
+// 4-bit weights twice as many). For batches of 2 or more, a thread block first copies the activations (up to
+// kMaxStagedBytes) into shared memory, which takes that traffic off the caches; for one row the cache serves
+// it faster than the copy and the barrier after it cost (the 8B's gate + up 28.2 -> 25.9 us unstaged, decoding
+// 313 -> 329 tokens/s). Instead, for one row of quantized weights by slices, a group of lanes computes two
+// output rows: a lane loads the same slice of both rows and dots each with one load of the activations, which
+// halves the activation bytes per weight byte (measured on an H200, batch 1: the 8B's gate + up 25.8 -> 22.0
+// us, down 14.8 -> 9.9 us, q + k 6.4 -> 5.4 us, Q4_0 gate + up 27.6 -> 21.6 us, Q5_K 29.3 -> 26.0 us, Q8_0
+// and Q3_K unchanged; decoding the 8B 372.5 -> 406.9 tokens/s). F16 rows lost with two rows a group (gate +
+// up 61 -> 82 us: the f32 activations are not what limits them).
 //
 // Bytes per token: every weight byte once (plus its share of header bytes), the activations once per team
 // from cache. Nothing is written but one float per row and batch row.
@@ -117,13 +122,12 @@ struct Segments {
   unsigned first_block[kMaxMatvecSegments + 1];
 };
 
-// kChunks: by chunks (ChunkDecoder), else by slices (Decoder). row_bytes: payload bytes per row.
-template <TensorType T, int kMaxBatch, bool kChunks>
-__global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kernel(Segments segments, int64_t cols,
-                                                                                  uint32_t row_bytes,
-                                                                                  ProductInput input, int batch,
-                                                                                  int lanes, bool staged,
-                                                                                  bool accumulate) {
+// kChunks: by chunks (ChunkDecoder), else by slices (Decoder). kRows: output rows per group of lanes (2 only
+// for one activation row by slices). row_bytes: payload bytes per row.
+template <TensorType T, int kMaxBatch, bool kChunks, int kRows>
+__global__ void __launch_bounds__(kThreads, kMaxBatch * kRows == 1 ? 6 : 4)
+    matvec_kernel(Segments segments, int64_t cols, uint32_t row_bytes, ProductInput input, int batch, int lanes,
+                  bool staged, bool accumulate) {
   using D = Decoder<T>;
   start_successor();
   // Selected field by field, without indexing by a run-time value, which would move the parameters to local
@@ -137,15 +141,17 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
       pick(segments.segment[0].rows, segments.segment[1].rows, segments.segment[2].rows),
       pick(segments.segment[0].y, segments.segment[1].y, segments.segment[2].y)};
   const unsigned first_block = pick(0u, segments.first_block[1], segments.first_block[2]);
-  const int64_t rows_per_block = kThreads / lanes;
+  const int64_t rows_per_block = kThreads / lanes * kRows;
   const int64_t block_row = static_cast<int64_t>(blockIdx.x - first_block) * rows_per_block;
-  const int64_t row = block_row + threadIdx.x / lanes;
+  const int64_t row = block_row + threadIdx.x / lanes * kRows;
   const int lane = static_cast<int>(threadIdx.x) % lanes;
   const bool valid = row < segment.rows;  // rows past the end still join the shuffles below
   const WeightView weight = segment.weight;
   const int64_t blocks_per_row = cols / D::kBlockElements;
   const int64_t row_blocks = valid ? blocks_per_row : 0;
   const int64_t first_weight_block = row * blocks_per_row;
+  // With two rows a group: the second row's, or the first's again where the second lies past the end.
+  const int64_t second_weight_block = (row + 1 < segment.rows ? row + 1 : row) * blocks_per_row;
 
   // The weights do not depend on earlier kernels: the block's rows (and their split-off scales) are asked for
   // while the kernel before this one finishes.
@@ -184,7 +190,8 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
     }
   }
 
-  float acc[kMaxBatch] = {};
+  constexpr int kAcc = kMaxBatch * kRows;
+  float acc[kAcc] = {};  // [row][batch row]
   if constexpr (kChunks) {
     using C = ChunkDecoder<T>;
     accumulate_row<C::kUnroll, C::kChunks, kMaxBatch>(
@@ -193,6 +200,22 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
         [&](const typename C::Raw& raw, int64_t block, int chunk, int b) {
           const int64_t first = b * cols + block * D::kBlockElements;
           return C::dot(raw, chunk, x.q + first, x.scales + first / kActivationBlock);
+        },
+        acc, early);
+  } else if constexpr (kRows == 2) {
+    // The two rows take the place of batch rows: the slices of both are in registers, so half as many rounds
+    // are in flight, and both dot products read the same activations (loaded once).
+    struct Pair {
+      typename D::Slice rows[2];
+    };
+    accumulate_row<(kUnroll<D> > 1 ? kUnroll<D> / 2 : 1), D::kSlices, 2>(
+        row_blocks, lane, lanes, 2,
+        [&](int64_t block, int slice) {
+          return Pair{{D::load(weight, first_weight_block + block, slice),
+                       D::load(weight, second_weight_block + block, slice)}};
+        },
+        [&](const Pair& loaded, int64_t block, int slice, int r) {
+          return slice_dot<D>(loaded.rows[r], slice, x, cols, 0, block * D::kBlockElements);
         },
         acc, early);
   } else {
@@ -207,24 +230,28 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch == 1 ? 6 : 4) matvec_kerne
   if (early) wait_for_predecessor();  // lanes without a piece, and the accumulating store below
   for (int mask = min(lanes, kTeam) / 2; mask > 0; mask /= 2)
 #pragma unroll
-    for (int b = 0; b < kMaxBatch; ++b) acc[b] += shuffle_xor(acc[b], mask, kTeam);
+    for (int b = 0; b < kAcc; ++b) acc[b] += shuffle_xor(acc[b], mask, kTeam);
   if (lanes > kTeam) {
     // Two teams on a row: the second hands its sum to the first.
-    __shared__ float team_sums[kThreads / kTeam][kMaxBatch];
+    __shared__ float team_sums[kThreads / kTeam][kAcc];
     const int team = static_cast<int>(threadIdx.x) / kTeam;
     if (lane == kTeam)
 #pragma unroll
-      for (int b = 0; b < kMaxBatch; ++b) team_sums[team][b] = acc[b];
+      for (int b = 0; b < kAcc; ++b) team_sums[team][b] = acc[b];
     __syncthreads();
     if (lane == 0)
 #pragma unroll
-      for (int b = 0; b < kMaxBatch; ++b) acc[b] += team_sums[team + 1][b];
+      for (int b = 0; b < kAcc; ++b) acc[b] += team_sums[team + 1][b];
   }
-  if (valid && lane == 0) {
+  if (lane == 0) {
 #pragma unroll
-    for (int b = 0; b < kMaxBatch; ++b) {
-      float* out = segment.y + b * segment.rows + row;
-      if (b < batch) *out = accumulate ? *out + acc[b] : acc[b];
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int b = 0; b < kMaxBatch; ++b) {
+        float* out = segment.y + b * segment.rows + row + r;
+        const float sum = acc[r * kMaxBatch + b];
+        if (b < batch && row + r < segment.rows) *out = accumulate ? *out + sum : sum;
+      }
     }
   }
 }
@@ -253,7 +280,7 @@ int lanes_per_row(int64_t cols) {
   return lanes;
 }
 
-template <TensorType T, int kMaxBatch, bool kChunks>
+template <TensorType T, int kMaxBatch, bool kChunks, int kRows>
 void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch,
             bool accumulate, gpuStream_t stream) {
   const int lanes = lanes_per_row<T, kChunks>(cols);
@@ -262,7 +289,7 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
                                   ? batch * cols + batch * cols / kActivationBlock * 8
                                   : batch * cols * 4;
   const bool staged = batch > 1 && stage_bytes <= kMaxStagedBytes && (batch * cols) % 64 == 0;
-  const int64_t rows_per_block = kThreads / lanes;
+  const int64_t rows_per_block = kThreads / lanes * kRows;
   Segments packed{};
   unsigned blocks = 0;
   for (size_t i = 0; i < kMaxMatvecSegments; ++i) {
@@ -277,8 +304,8 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
   const auto row_bytes =
       static_cast<uint32_t>(device_layout(type, static_cast<uint64_t>(blocks_per_row)).block_stride * blocks_per_row);
   const size_t shared_bytes = staged ? static_cast<size_t>(stage_bytes) : 0;
-  launch_overlapped("matvec", matvec_kernel<T, kMaxBatch, kChunks>, blocks, kThreads, shared_bytes, stream, packed,
-                    cols, row_bytes, x, batch, lanes, staged, accumulate);
+  launch_overlapped("matvec", matvec_kernel<T, kMaxBatch, kChunks, kRows>, blocks, kThreads, shared_bytes, stream,
+                    packed, cols, row_bytes, x, batch, lanes, staged, accumulate);
 }
 
 // By chunks where the type has a chunk decoder and the row is narrow enough for it, else by slices.
@@ -287,11 +314,13 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
             bool accumulate, gpuStream_t stream) {
   if constexpr (ChunkDecoder<T>::kDefined) {
     if (cols / Decoder<T>::kBlockElements <= ChunkDecoder<T>::kMaxRowBlocks) {
-      launch<T, kMaxBatch, true>(type, segments, cols, x, batch, accumulate, stream);
+      launch<T, kMaxBatch, true, 1>(type, segments, cols, x, batch, accumulate, stream);
       return;
     }
   }
-  launch<T, kMaxBatch, false>(type, segments, cols, x, batch, accumulate, stream);
+  // One activation row of quantized weights: two output rows a group of lanes (see the top of the file).
+  constexpr bool kQuantized = T != TensorType::F32 && T != TensorType::F16 && T != TensorType::BF16;
+  launch<T, kMaxBatch, false, kMaxBatch == 1 && kQuantized ? 2 : 1>(type, segments, cols, x, batch, accumulate, stream);
 }
 
 }  // namespace
