@@ -19,12 +19,14 @@
 // 4-bit weights twice as many). For batches of 2 or more, a thread block first copies the activations (up to
 // kMaxStagedBytes) into shared memory, which takes that traffic off the caches; for one row the cache serves
 // it faster than the copy and the barrier after it cost (the 8B's gate + up 28.2 -> 25.9 us unstaged, decoding
-// 313 -> 329 tokens/s). Instead, for one row of quantized weights by slices, a group of lanes computes two
-// output rows: a lane loads the same slice of both rows and dots each with one load of the activations, which
-// halves the activation bytes per weight byte (measured on an H200, batch 1: the 8B's gate + up 25.8 -> 22.0
-// us, down 14.8 -> 9.9 us, q + k 6.4 -> 5.4 us, Q4_0 gate + up 27.6 -> 21.6 us, Q5_K 29.3 -> 26.0 us, Q8_0
-// and Q3_K unchanged; decoding the 8B 372.5 -> 406.9 tokens/s). F16 rows lost with two rows a group (gate +
-// up 61 -> 82 us: the f32 activations are not what limits them).
+// 313 -> 329 tokens/s). Instead, for one row of quantized weights, a group of lanes computes two output rows:
+// a lane loads the same slice (or chunk) of both rows and dots each with one load of the activations, which
+// halves the activation bytes per weight byte. Measured on an H200, batch 1, by slices: the 8B's gate + up
+// 25.8 -> 22.0 us, down 14.8 -> 9.9 us, q + k 6.4 -> 5.4 us, Q4_0 gate + up 27.6 -> 21.6 us, Q5_K 29.3 -> 26.0
+// us, Q8_0 and Q3_K unchanged (decoding the 8B 372.5 -> 406.9 tokens/s); by chunks: the 1B's gate + up 8.4 ->
+// 6.4 us, the 8B's Q6_K down 17.2 -> 15.1 us and output matrix 127.4 -> 118.8 us, v 3.3 -> 3.5 us and the 1B's
+// down 6.1 -> 6.2 us (fewer thread blocks than multiprocessors; decoding the 1B 1294 -> 1433 tokens/s). F16
+// rows lost with two rows a group (gate + up 61 -> 82 us: the f32 activations are not what limits them).
 //
 // Bytes per token: every weight byte once (plus its share of header bytes), the activations once per team
 // from cache. Nothing is written but one float per row and batch row.
@@ -116,6 +118,33 @@ __device__ __forceinline__ void accumulate_row(int64_t blocks, int lane, int lan
   }
 }
 
+// A group of lanes' rows: one (accumulate_row over the batch) or, for one activation row, two. Then the two
+// rows take the place of batch rows: a lane loads the same piece of both before it uses either, which keeps half
+// as many rounds in flight, and both dot products read the same activations (loaded once). load(block, piece)
+// takes the block's index in the weight; dot(loaded, block, piece, b) that in the row.
+template <int kUnroll, int kPerBlock, int kMaxBatch, int kRows, typename Load, typename Dot>
+__device__ __forceinline__ void accumulate_rows(int64_t blocks, int lane, int lanes, int batch, int64_t first_block,
+                                                int64_t second_first_block, const Load& load, const Dot& dot,
+                                                float (&acc)[kMaxBatch * kRows], bool early) {
+  if constexpr (kRows == 1) {
+    accumulate_row<kUnroll, kPerBlock, kMaxBatch>(
+        blocks, lane, lanes, batch, [&](int64_t block, int piece) { return load(first_block + block, piece); }, dot,
+        acc, early);
+  } else {
+    static_assert(kRows == 2 && kMaxBatch == 1, "two rows a group only for one activation row");
+    struct Pair {
+      decltype(load(int64_t{0}, 0)) rows[2];
+    };
+    accumulate_row<(kUnroll > 1 ? kUnroll / 2 : 1), kPerBlock, 2>(
+        blocks, lane, lanes, 2,
+        [&](int64_t block, int piece) {
+          return Pair{{load(first_block + block, piece), load(second_first_block + block, piece)}};
+        },
+        [&](const Pair& loaded, int64_t block, int piece, int r) { return dot(loaded.rows[r], block, piece, 0); },
+        acc, early);
+  }
+}
+
 // The segments of one launch; thread blocks first_block[s] .. first_block[s + 1] - 1 compute segment s.
 struct Segments {
   MatvecSegment segment[kMaxMatvecSegments];
@@ -123,7 +152,7 @@ struct Segments {
 };
 
 // kChunks: by chunks (ChunkDecoder), else by slices (Decoder). kRows: output rows per group of lanes (2 only
-// for one activation row by slices). row_bytes: payload bytes per row.
+// for one activation row of quantized weights). row_bytes: payload bytes per row.
 template <TensorType T, int kMaxBatch, bool kChunks, int kRows>
 __global__ void __launch_bounds__(kThreads, kMaxBatch * kRows == 1 ? 6 : 4)
     matvec_kernel(Segments segments, int64_t cols, uint32_t row_bytes, ProductInput input, int batch, int lanes,
@@ -194,38 +223,20 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch * kRows == 1 ? 6 : 4)
   float acc[kAcc] = {};  // [row][batch row]
   if constexpr (kChunks) {
     using C = ChunkDecoder<T>;
-    accumulate_row<C::kUnroll, C::kChunks, kMaxBatch>(
-        row_blocks, lane, lanes, batch,
-        [&](int64_t block, int chunk) { return C::load(weight, first_weight_block + block, chunk); },
-        [&](const typename C::Raw& raw, int64_t block, int chunk, int b) {
-          const int64_t first = b * cols + block * D::kBlockElements;
-          return C::dot(raw, chunk, x.q + first, x.scales + first / kActivationBlock);
-        },
-        acc, early);
-  } else if constexpr (kRows == 2) {
-    // The two rows take the place of batch rows: the slices of both are in registers, so half as many rounds
-    // are in flight, and both dot products read the same activations (loaded once).
-    struct Pair {
-      typename D::Slice rows[2];
+    const auto load = [&](int64_t block, int chunk) { return C::load(weight, block, chunk); };
+    const auto dot = [&](const typename C::Raw& raw, int64_t block, int chunk, int b) {
+      const int64_t first = b * cols + block * D::kBlockElements;
+      return C::dot(raw, chunk, x.q + first, x.scales + first / kActivationBlock);
     };
-    accumulate_row<(kUnroll<D> > 1 ? kUnroll<D> / 2 : 1), D::kSlices, 2>(
-        row_blocks, lane, lanes, 2,
-        [&](int64_t block, int slice) {
-          return Pair{{D::load(weight, first_weight_block + block, slice),
-                       D::load(weight, second_weight_block + block, slice)}};
-        },
-        [&](const Pair& loaded, int64_t block, int slice, int r) {
-          return slice_dot<D>(loaded.rows[r], slice, x, cols, 0, block * D::kBlockElements);
-        },
-        acc, early);
+    accumulate_rows<C::kUnroll, C::kChunks, kMaxBatch, kRows>(row_blocks, lane, lanes, batch, first_weight_block,
+                                                              second_weight_block, load, dot, acc, early);
   } else {
-    accumulate_row<kUnroll<D>, D::kSlices, kMaxBatch>(
-        row_blocks, lane, lanes, batch,
-        [&](int64_t block, int slice) { return D::load(weight, first_weight_block + block, slice); },
-        [&](const typename D::Slice& loaded, int64_t block, int slice, int b) {
-          return slice_dot<D>(loaded, slice, x, cols, b, block * D::kBlockElements);
-        },
-        acc, early);
+    const auto load = [&](int64_t block, int slice) { return D::load(weight, block, slice); };
+    const auto dot = [&](const typename D::Slice& loaded, int64_t block, int slice, int b) {
+      return slice_dot<D>(loaded, slice, x, cols, b, block * D::kBlockElements);
+    };
+    accumulate_rows<kUnroll<D>, D::kSlices, kMaxBatch, kRows>(row_blocks, lane, lanes, batch, first_weight_block,
+                                                              second_weight_block, load, dot, acc, early);
   }
   if (early) wait_for_predecessor();  // lanes without a piece, and the accumulating store below
   for (int mask = min(lanes, kTeam) / 2; mask > 0; mask /= 2)
@@ -314,11 +325,12 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
             bool accumulate, gpuStream_t stream) {
   if constexpr (ChunkDecoder<T>::kDefined) {
     if (cols / Decoder<T>::kBlockElements <= ChunkDecoder<T>::kMaxRowBlocks) {
-      launch<T, kMaxBatch, true, 1>(type, segments, cols, x, batch, accumulate, stream);
+      launch<T, kMaxBatch, true, kMaxBatch == 1 ? 2 : 1>(type, segments, cols, x, batch, accumulate, stream);
       return;
     }
   }
-  // One activation row of quantized weights: two output rows a group of lanes (see the top of the file).
+  // One activation row of quantized weights: two output rows a group of lanes (see the top of the file; chunk
+  // decoders are all of quantized types).
   constexpr bool kQuantized = T != TensorType::F32 && T != TensorType::F16 && T != TensorType::BF16;
   launch<T, kMaxBatch, false, kMaxBatch == 1 && kQuantized ? 2 : 1>(type, segments, cols, x, batch, accumulate, stream);
 }
