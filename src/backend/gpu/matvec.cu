@@ -1,14 +1,15 @@
 // Matrix-vector products for decoding (1 to kMaxMatvecBatch activation rows): the weights are read once, in
 // their stored type, and dequantized in registers right before the dot product.
 //
-// A group of `lanes` lanes (4 to 64, a power of two) computes one output row (two: see below), so that every lane gets
-// several slices however narrow the row: lane l of the group takes slices l, l + lanes, ...; consecutive lanes take
-// consecutive slices, so a group's loads of one step cover consecutive pieces of the row (a few header bytes apart for
-// the quantized types). Each lane issues kUnroll slices' loads before it uses the first, which keeps enough bytes in
-// flight to saturate device memory. Quantized weights meet 8-bit activations in dp4a; float weights meet f32
-// activations in FMAs. Q6_K, and Q4_K on narrow rows, go by chunks instead (block_decoders.cuh: ChunkDecoder): 16 bytes
-// of quants a lane, consecutive lanes on consecutive chunks, a whole team on one row where it is wide enough, so that
-// one load of a team reads 512 consecutive bytes.
+// A group of `lanes` lanes (4 to 64, a power of two) computes one output row (two: see below), so that every
+// lane gets several slices however narrow the row: lane l of the group takes slices l, l + lanes, ...;
+// consecutive lanes take consecutive slices, so a group's loads of one step cover consecutive pieces of the
+// row (a few header bytes apart for the quantized types). Each lane issues kUnroll slices' loads before it
+// uses the first, which keeps enough bytes in flight to saturate device memory. Quantized weights meet 8-bit
+// activations in dp4a; float weights meet f32 activations in FMAs. Q6_K, and Q4_K on narrow rows, go by chunks
+// instead (block_decoders.cuh: ChunkDecoder): 16 bytes of quants a lane, consecutive lanes on consecutive
+// chunks, a whole team on one row where it is wide enough, so that one load of a team reads 512 consecutive
+// bytes.
 //
 // Each thread block asks for its rows' bytes in L2 (one bulk prefetch) before it waits for the kernel before it
 // (programmatic dependent launch, device.cuh): the weights do not depend on earlier kernels, so their fetch
