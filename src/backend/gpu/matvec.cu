@@ -27,7 +27,8 @@
 // us, Q8_0 and Q3_K unchanged (decoding the 8B 372.5 -> 406.9 tokens/s); by chunks: the 1B's gate + up 8.4 ->
 // 6.4 us, the 8B's Q6_K down 17.2 -> 15.1 us and output matrix 127.4 -> 118.8 us, v 3.3 -> 3.5 us and the 1B's
 // down 6.1 -> 6.2 us (fewer thread blocks than multiprocessors; decoding the 1B 1294 -> 1433 tokens/s). F16
-// rows lost with two rows a group (gate + up 61 -> 82 us: the f32 activations are not what limits them).
+// rows lost with two rows a group (gate + up 61 -> 82 us: the f32 activations are not what limits them). By
+// chunks, a group takes four rows where the launch still has thread blocks enough (launch() below).
 //
 // Bytes per token: every weight byte once (plus its share of header bytes), the activations once per team
 // from cache. Nothing is written but one float per row and batch row.
@@ -119,29 +120,37 @@ __device__ __forceinline__ void accumulate_row(int64_t blocks, int lane, int lan
   }
 }
 
-// A group of lanes' rows: one (accumulate_row over the batch) or, for one activation row, two. Then the two
-// rows take the place of batch rows: a lane loads the same piece of both before it uses either, which keeps half
-// as many rounds in flight, and both dot products read the same activations (loaded once). load(block, piece)
-// takes the block's index in the weight; dot(loaded, block, piece, b) that in the row.
-template <int kUnroll, int kPerBlock, int kMaxBatch, int kRows, typename Load, typename Dot>
-__device__ __forceinline__ void accumulate_rows(int64_t blocks, int lane, int lanes, int batch, int64_t first_block,
-                                                int64_t second_first_block, const Load& load, const Dot& dot,
+// A group of lanes' rows: one (accumulate_row over the batch) or, for one activation row, kRows. Then the
+// rows take the place of batch rows: a lane loads the same piece of each before it uses any, which keeps fewer
+// rounds in flight, and all the dot products read the same activations (loaded once). load(block, piece)
+// takes the block's index in the weight, first_block(r) is row r's first; dot(loaded, block, piece, b) takes
+// the block's index in the row.
+template <int kUnroll, int kPerBlock, int kMaxBatch, int kRows, typename FirstBlock, typename Load, typename Dot>
+__device__ __forceinline__ void accumulate_rows(int64_t blocks, int lane, int lanes, int batch,
+                                                const FirstBlock& first_block, const Load& load, const Dot& dot,
                                                 float (&acc)[kMaxBatch * kRows], bool early) {
   if constexpr (kRows == 1) {
+    const int64_t first = first_block(0);
     accumulate_row<kUnroll, kPerBlock, kMaxBatch>(
-        blocks, lane, lanes, batch, [&](int64_t block, int piece) { return load(first_block + block, piece); }, dot,
-        acc, early);
+        blocks, lane, lanes, batch, [&](int64_t block, int piece) { return load(first + block, piece); }, dot, acc,
+        early);
   } else {
-    static_assert(kRows == 2 && kMaxBatch == 1, "two rows a group only for one activation row");
-    struct Pair {
-      decltype(load(int64_t{0}, 0)) rows[2];
+    static_assert(kMaxBatch == 1, "several rows a group only for one activation row");
+    struct Pieces {
+      decltype(load(int64_t{0}, 0)) rows[kRows];
     };
-    accumulate_row<(kUnroll > 1 ? kUnroll / 2 : 1), kPerBlock, 2>(
-        blocks, lane, lanes, 2,
+    int64_t firsts[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) firsts[r] = first_block(r);
+    accumulate_row<(kUnroll > kRows ? kUnroll / kRows : 1), kPerBlock, kRows>(
+        blocks, lane, lanes, kRows,
         [&](int64_t block, int piece) {
-          return Pair{{load(first_block + block, piece), load(second_first_block + block, piece)}};
+          Pieces pieces;
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) pieces.rows[r] = load(firsts[r] + block, piece);
+          return pieces;
         },
-        [&](const Pair& loaded, int64_t block, int piece, int r) { return dot(loaded.rows[r], block, piece, 0); },
+        [&](const Pieces& loaded, int64_t block, int piece, int r) { return dot(loaded.rows[r], block, piece, 0); },
         acc, early);
   }
 }
@@ -152,8 +161,8 @@ struct Segments {
   unsigned first_block[kMaxMatvecSegments + 1];
 };
 
-// kChunks: by chunks (ChunkDecoder), else by slices (Decoder). kRows: output rows per group of lanes (2 only
-// for one activation row of quantized weights). row_bytes: payload bytes per row.
+// kChunks: by chunks (ChunkDecoder), else by slices (Decoder). kRows: output rows per group of lanes (more
+// than one only for one activation row of quantized weights). row_bytes: payload bytes per row.
 template <TensorType T, int kMaxBatch, bool kChunks, int kRows>
 __global__ void __launch_bounds__(kThreads, kMaxBatch * kRows == 1 ? 6 : 4)
     matvec_kernel(Segments segments, int64_t cols, uint32_t row_bytes, ProductInput input, int batch, int lanes,
@@ -179,9 +188,8 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch * kRows == 1 ? 6 : 4)
   const WeightView weight = segment.weight;
   const int64_t blocks_per_row = cols / D::kBlockElements;
   const int64_t row_blocks = valid ? blocks_per_row : 0;
-  const int64_t first_weight_block = row * blocks_per_row;
-  // With two rows a group: the second row's, or the first's again where the second lies past the end.
-  const int64_t second_weight_block = (row + 1 < segment.rows ? row + 1 : row) * blocks_per_row;
+  // Row r of the group's first weight block; rows past the end read the first row again.
+  const auto first_weight_block = [&](int r) { return (row + r < segment.rows ? row + r : row) * blocks_per_row; };
 
   // The weights do not depend on earlier kernels: the block's rows (and their split-off scales) are asked for
   // while the kernel before this one finishes.
@@ -230,14 +238,14 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch * kRows == 1 ? 6 : 4)
       return C::dot(raw, chunk, x.q + first, x.scales + first / kActivationBlock);
     };
     accumulate_rows<C::kUnroll, C::kChunks, kMaxBatch, kRows>(row_blocks, lane, lanes, batch, first_weight_block,
-                                                              second_weight_block, load, dot, acc, early);
+                                                              load, dot, acc, early);
   } else {
     const auto load = [&](int64_t block, int slice) { return D::load(weight, block, slice); };
     const auto dot = [&](const typename D::Slice& loaded, int64_t block, int slice, int b) {
       return slice_dot<D>(loaded, slice, x, cols, b, block * D::kBlockElements);
     };
     accumulate_rows<kUnroll<D>, D::kSlices, kMaxBatch, kRows>(row_blocks, lane, lanes, batch, first_weight_block,
-                                                              second_weight_block, load, dot, acc, early);
+                                                              load, dot, acc, early);
   }
   if (early) wait_for_predecessor();  // lanes without a piece, and the accumulating store below
   for (int mask = min(lanes, kTeam) / 2; mask > 0; mask /= 2)
@@ -326,12 +334,26 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
             bool accumulate, gpuStream_t stream) {
   if constexpr (ChunkDecoder<T>::kDefined) {
     if (cols / Decoder<T>::kBlockElements <= ChunkDecoder<T>::kMaxRowBlocks) {
+      if constexpr (kMaxBatch == 1) {
+        // Four rows a group of lanes where the launch keeps two thread blocks per multiprocessor; two where it
+        // would not (measured on an H200 against two: the 1B's gate + up 6.3 -> 4.8 us, the 8B's Q6_K down
+        // 15.1 -> 13.5 us, output matrix 118.4 -> 112.3 us; the 1B's down, 128 thread blocks with four, 6.2 ->
+        // 8.5 us).
+        static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
+        int64_t rows = 0;
+        for (const MatvecSegment& segment : segments) rows += segment.rows;
+        if (rows / (kThreads / lanes_per_row<T, true>(cols) * 4) >= 2 * multiprocessors) {
+          launch<T, kMaxBatch, true, 4>(type, segments, cols, x, batch, accumulate, stream);
+          return;
+        }
+      }
       launch<T, kMaxBatch, true, kMaxBatch == 1 ? 2 : 1>(type, segments, cols, x, batch, accumulate, stream);
       return;
     }
   }
-  // One activation row of quantized weights: two output rows a group of lanes (see the top of the file; chunk
-  // decoders are all of quantized types).
+  // One activation row of quantized weights: two output rows a group of lanes (see the top of the file). Four
+  // by slices won only for some types' largest products (the 8B's down Q4_K 9.9 -> 7.7 us, gate + up Q4_0 21.4
+  // -> 20.7 us) and lost elsewhere (q + k 5.6 -> 7.0 us, gate + up Q5_K 25.9 -> 29.1 us, Q8_0 35.2 -> 36.4 us).
   constexpr bool kQuantized = T != TensorType::F32 && T != TensorType::F16 && T != TensorType::BF16;
   launch<T, kMaxBatch, false, kMaxBatch == 1 && kQuantized ? 2 : 1>(type, segments, cols, x, batch, accumulate, stream);
 }
