@@ -44,6 +44,15 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kMaxStagedBytes = 48 * 1024;
 
+// Output rows of a thread block whose groups of `lanes` lanes take `group_rows` rows each.
+__host__ __device__ constexpr int64_t rows_of_block(int lanes, int group_rows) {
+  return kThreads / lanes * group_rows;
+}
+
+// Whether T's products read 8-bit activations (quantized weights, blocks of 32 values or more) rather than f32.
+template <TensorType T>
+constexpr bool kReadsQuantizedActivations = Decoder<T>::kBlockElements >= kActivationBlock;
+
 // Slices a lane loads before it uses the first: about 160 bytes of decoded slices in registers, so that the
 // bytes in flight stay high while the registers leave room for enough resident warps.
 template <typename D>
@@ -180,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch * kRows == 1 ? 6 : 4)
       pick(segments.segment[0].rows, segments.segment[1].rows, segments.segment[2].rows),
       pick(segments.segment[0].y, segments.segment[1].y, segments.segment[2].y)};
   const unsigned first_block = pick(0u, segments.first_block[1], segments.first_block[2]);
-  const int64_t rows_per_block = kThreads / lanes * kRows;
+  const int64_t rows_per_block = rows_of_block(lanes, kRows);
   const int64_t block_row = static_cast<int64_t>(blockIdx.x - first_block) * rows_per_block;
   const int64_t row = block_row + threadIdx.x / lanes * kRows;
   const int lane = static_cast<int>(threadIdx.x) % lanes;
@@ -305,11 +314,11 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
             bool accumulate, gpuStream_t stream) {
   const int lanes = lanes_per_row<T, kChunks>(cols);
   // Staged activations: levels and scales (quantized weights) or f32 values, whole 16-byte pieces.
-  const int64_t stage_bytes = Decoder<T>::kBlockElements >= kActivationBlock && x.q
+  const int64_t stage_bytes = kReadsQuantizedActivations<T> && x.q
                                   ? batch * cols + batch * cols / kActivationBlock * 8
                                   : batch * cols * 4;
   const bool staged = batch > 1 && stage_bytes <= kMaxStagedBytes && (batch * cols) % 64 == 0;
-  const int64_t rows_per_block = kThreads / lanes * kRows;
+  const int64_t rows_per_block = rows_of_block(lanes, kRows);
   Segments packed{};
   unsigned blocks = 0;
   for (size_t i = 0; i < kMaxMatvecSegments; ++i) {
@@ -342,7 +351,7 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
         static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
         int64_t rows = 0;
         for (const MatvecSegment& segment : segments) rows += segment.rows;
-        if (rows / (kThreads / lanes_per_row<T, true>(cols) * 4) >= 2 * multiprocessors) {
+        if (rows / rows_of_block(lanes_per_row<T, true>(cols), 4) >= 2 * multiprocessors) {
           launch<T, kMaxBatch, true, 4>(type, segments, cols, x, batch, accumulate, stream);
           return;
         }
@@ -354,8 +363,8 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
   // One activation row of quantized weights: two output rows a group of lanes (see the top of the file). Four
   // by slices won only for some types' largest products (the 8B's down Q4_K 9.9 -> 7.7 us, gate + up Q4_0 21.4
   // -> 20.7 us) and lost elsewhere (q + k 5.6 -> 7.0 us, gate + up Q5_K 25.9 -> 29.1 us, Q8_0 35.2 -> 36.4 us).
-  constexpr bool kQuantized = T != TensorType::F32 && T != TensorType::F16 && T != TensorType::BF16;
-  launch<T, kMaxBatch, false, kMaxBatch == 1 && kQuantized ? 2 : 1>(type, segments, cols, x, batch, accumulate, stream);
+  launch<T, kMaxBatch, false, kMaxBatch == 1 && kReadsQuantizedActivations<T> ? 2 : 1>(type, segments, cols, x, batch,
+                                                                                       accumulate, stream);
 }
 
 }  // namespace
