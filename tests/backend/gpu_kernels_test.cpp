@@ -516,6 +516,14 @@ TEST_F(GpuKernels, DecodeAttentionQuantizesAcrossKvHeads) {
 TEST_F(GpuKernels, DecodeAttentionReadsRowsOfOddPieces) {
   check_decoding(attention_config(model::RopeStyle::Normal, 64, 32, 36), stream());
 }
+// 3 query heads per kv head: the team's lanes are split among 4 head slots, one of which idles.
+TEST_F(GpuKernels, DecodeAttentionTakesGroupsOfThree) {
+  check_decoding(attention_config(model::RopeStyle::Normal, 12, 4, 64), stream());
+}
+// 16 query heads of 256 values per kv head: a lane holds 128 values of a row, and one team a block scores.
+TEST_F(GpuKernels, DecodeAttentionTakesTheWidestGroups) {
+  check_decoding(attention_config(model::RopeStyle::Normal, 32, 2, 256), stream());
+}
 TEST_F(GpuKernels, PromptAttentionMatchesCpu) {
   AttentionCheck(attention_config(model::RopeStyle::Normal), 600, stream()).run(300, 5);
 }

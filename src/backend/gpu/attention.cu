@@ -5,15 +5,17 @@
 // kAttentionChunk; a fixed number of thread blocks per kv head (a few per multiprocessor in all, at most one
 // per chunk of the context) share the chunks that hold positions 0 .. step[0], block b taking chunks b,
 // b + blocks, ... The grid depends on the context only, not on the position, so a captured decode step
-// replays for every token; blocks without a chunk go straight to the end. For every query head that shares
-// the kv head (GQA) a block scores a chunk's positions, reading each key and value once for all those heads,
-// and folds the chunk into a running softmax (its maximum, its sum and the weighted values), which it writes
-// out as one partial result per head. The last block to finish among those of a combine group learns so
-// from a counter in device memory; it rescales the group's partials to a common maximum, sums them, and
-// writes the output rows together with their 8-bit form for the o-projection, which would otherwise take a
-// combine kernel and a quantization kernel of their own. A combine group is the fewest consecutive kv heads
-// whose query heads fill whole quantization blocks (usually one), so that every block is quantized by the
-// one thread block that holds all its values.
+// replays for every token; blocks without a chunk go straight to the end. Within a block each team of 32
+// lanes takes its own positions of every chunk and keeps its own running softmax (maximum, sum and weighted
+// values) in registers for all the query heads that share the kv head (GQA), reading each key and value once
+// for all of them, with no barrier between positions: the team's lanes are split among the heads, and a
+// head's lanes among the pieces of the row. The block then merges its teams' softmaxes through shared memory
+// into one partial result per head. The last block to finish among those of a combine group learns so from a
+// counter in device memory; it rescales the group's partials to a common maximum, sums them, and writes the
+// output rows together with their 8-bit form for the o-projection, which would otherwise take a combine
+// kernel and a quantization kernel of their own. A combine group is the fewest consecutive kv heads whose
+// query heads fill whole quantization blocks (usually one), so that every block is quantized by the one thread
+// block that holds all its values.
 //
 // Prompts (several query tokens): flash-attention style. A team of 32 lanes owns one (token, head), keeps
 // the query in shared memory and the output accumulator in registers (lane l has dimensions l, l + 32, ...)
@@ -37,15 +39,11 @@ constexpr int kTeams = kThreads / kTeam;
 // The decode kernel quantizes its output as quantize_element() does: a Q8_K block is a whole thread block.
 constexpr int kDecodeThreads = kQuantizeThreads;
 constexpr int kDecodeTeams = kDecodeThreads / kTeam;
-constexpr int kChunk = static_cast<int>(kAttentionChunk);
-// Lanes that score one position together, each over every kLanesPerPosition-th piece of the head.
-constexpr int kLanesPerPosition = kDecodeThreads / kChunk;
-static_assert(kDecodeThreads % kChunk == 0 && kLanesPerPosition <= kTeam, "a position's lanes share a team");
-static_assert(kChunk <= kTeam, "a team takes a chunk's softmax one position per lane");
 static_assert(sizeof(unsigned) == sizeof(float), "the arrival counters take floats of the partials buffer");
-// Thread blocks per multiprocessor that the decode grid aims at: more blocks scan a long context in fewer
-// chunks each, fewer leave fewer partials for the combining block.
-constexpr int64_t kDecodeBlocksPerMultiprocessor = 4;
+// Thread blocks per multiprocessor that the decode grid aims at (as many as are resident at once: the kernel
+// keeps two): more blocks scan a long context in fewer chunks each, fewer leave fewer partials for the
+// combining block.
+constexpr int64_t kDecodeBlocksPerMultiprocessor = 2;
 
 int64_t max_splits(int64_t context) { return (context + kAttentionChunk - 1) / kAttentionChunk; }
 
@@ -116,15 +114,91 @@ __device__ bool arrive_last(unsigned* counter, unsigned arrivals) {
   return last;
 }
 
+// How a team of the decode kernel holds one row of a kv head (a key, a value, or the query heads of the
+// group): the query heads take slots of lanes_per_head lanes (slots: the group rounded up to a power of two), and
+// within a slot lane `sub` takes pieces sub, sub + lanes_per_head, ... of the head: 8 values (16 bytes of the
+// cache) where the head dimension allows, else 2. Value i of a lane is dimension dim(i) of its head.
+struct TeamLayout {
+  int head_dim;
+  int piece;
+  int lanes_per_head;
+  int slot;
+  int sub;
+
+  __device__ TeamLayout(int head_dim_, int group, int lane) : head_dim(head_dim_), piece(head_dim_ % 8 == 0 ? 8 : 2) {
+    int slots = 1;
+    while (slots < group) slots *= 2;
+    lanes_per_head = kTeam / slots;
+    slot = lane / lanes_per_head;
+    sub = lane % lanes_per_head;
+  }
+  __device__ int dim(int i) const { return (sub + i / piece * lanes_per_head) * piece + i % piece; }
+};
+
+// Values a lane holds of one row (a power of two, at least one piece of 8): what TeamLayout needs for the shape.
+int values_per_lane(const AttentionShape& shape) {
+  int64_t slots = 1;
+  while (slots < shape.heads_per_kv_head()) slots *= 2;
+  const int64_t lanes_per_head = kTeam / slots;
+  const int64_t piece = shape.head_dim % 8 == 0 ? 8 : 2;
+  const int64_t needed = (shape.head_dim / piece + lanes_per_head - 1) / lanes_per_head * piece;
+  int values = 8;
+  while (values < needed) values *= 2;
+  return values;
+}
+
+// The decode kernel's work split for kValues values a lane: teams that score (their merge buffers, kValues
+// floats a lane, take at most 4096 floats of shared memory), the positions of a chunk each of them takes
+// (consecutive), and how many of those it loads before it uses the first (the loaded rows take kBatch * kValues
+// registers).
+template <int kValues>
+struct DecodeSplit {
+  static constexpr int kScoringTeams = kValues <= 16 ? kDecodeTeams : 4096 / (kTeam * kValues);
+  static constexpr int kPositionsPerTeam = static_cast<int>(kAttentionChunk) / kScoringTeams;
+  static constexpr int kBatch = kValues <= 16 ? 4 : kValues == 32 ? 2 : 1;
+  static constexpr int kMergeFloats = kScoringTeams * kTeam * (kValues + 2);
+  static_assert(kAttentionChunk % kScoringTeams == 0 && kPositionsPerTeam % kBatch == 0);
+};
+
+// A lane's values of one cache row as f16 pairs (zero past the head).
+template <int kValues>
+struct RowPart {
+  uint32_t pairs[kValues / 2];
+
+  __device__ void load(const uint16_t* row, const TeamLayout& layout) {
+    if (layout.piece == 8) {
+#pragma unroll
+      for (int j = 0; j < kValues / 8; ++j) {
+        const int d = layout.dim(8 * j);
+        const int4 v = d < layout.head_dim ? load_16(row + d) : make_int4(0, 0, 0, 0);
+        pairs[4 * j] = v.x;
+        pairs[4 * j + 1] = v.y;
+        pairs[4 * j + 2] = v.z;
+        pairs[4 * j + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kValues / 2; ++j) {
+        const int d = layout.dim(2 * j);
+        pairs[j] = d < layout.head_dim ? *reinterpret_cast<const uint32_t*>(row + d) : 0u;
+      }
+    }
+  }
+  __device__ float2 pair(int j) const {
+    return {half_to_float(static_cast<uint16_t>(pairs[j])), half_to_float(static_cast<uint16_t>(pairs[j] >> 16))};
+  }
+};
+
 // Grid: (thread blocks per kv head, kv heads). `arrivals`: one counter per combine group of
 // kv_heads_per_combine kv heads.
-template <ActivationBlocks kBlocks>
-__global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
+template <ActivationBlocks kBlocks, int kValues>
+__global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     AttentionShape shape, const float* q, const float* k, const float* v, const float* cos_sin, uint16_t* keys,
     uint16_t* values, const int32_t* step, float scale, int64_t kv_heads_per_combine, float* partials,
     unsigned* arrivals, ActivationOutput out) {
+  using Split = DecodeSplit<kValues>;
   start_successor();
-  extern __shared__ float4 dynamic_shared[];  // float4: the query is read 16 bytes at a time
+  extern __shared__ float dynamic_shared[];
   __shared__ float scratch[kDecodeThreads / 32];
   const int block = static_cast<int>(blockIdx.x);
   const int blocks = static_cast<int>(gridDim.x);
@@ -139,131 +213,137 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
   // and values in L2 while they finish (each row's bytes of this kv head; the newest row is this launch's to
   // write).
   const int64_t positions = step[0] + 1;
+  const int64_t newest = positions - 1;
   const int64_t chunks = (positions + kAttentionChunk - 1) / kAttentionChunk;
   if (head_dim % 8 == 0) {
     const int64_t rows = 2 * kAttentionChunk * ((chunks - block + blocks - 1) / blocks);  // keys and values
     for (int64_t i = threadIdx.x; i < rows; i += kDecodeThreads) {
       const int64_t position = (block + i / (2 * kAttentionChunk) * blocks) * kAttentionChunk + i / 2 % kAttentionChunk;
       const uint16_t* cache = i % 2 == 0 ? keys : values;
-      if (position < positions - 1)
+      if (position < newest)
         prefetch_to_l2(cache + position * kv_dim + kv_head * head_dim, static_cast<uint32_t>(head_dim * 2));
     }
   }
   wait_for_predecessor();
   const int64_t stride = head_dim + 2;  // floats of one partial result
-  float* q_shared = reinterpret_cast<float*>(dynamic_shared);  // [group][head_dim]
-  // [group][head_dim]: the weighted values under the running maximum (in shared memory rather than registers,
-  // which would keep fewer thread blocks on a multiprocessor)
-  float* acc = q_shared + group * head_dim;
-  float* scores = acc + group * head_dim;                      // [group][kChunk]
-  float* maxima = scores + group * kChunk;                     // [group]: the running softmax
-  float* sums = maxima + group;                                // [group]
-  float* rescales = sums + group;                              // [group]: of the old maximum to the new
 
   if (block < chunks) {
-    for (int i = static_cast<int>(threadIdx.x); i < group * head_dim; i += kDecodeThreads) {
-      q_shared[i] = rotated(q + (kv_head * group + i / head_dim) * head_dim, i % head_dim, shape, cos_sin);
-      acc[i] = 0.0f;
-    }
-    for (int g = static_cast<int>(threadIdx.x); g < group; g += kDecodeThreads) {
-      maxima[g] = -INFINITY;
-      sums[g] = 0.0f;
-    }
-    // The block whose chunks include the newest position first puts its key (rotated) and value into the
-    // cache, where its scoring reads them; no other block reads that row.
+    // The group's queries, rotated and scaled, to shared memory after the teams' merge buffers. The block whose
+    // chunks include the newest position also puts its key (rotated) and value into the cache, where its
+    // scoring reads them; no other block reads that row.
+    float* queries = dynamic_shared + Split::kMergeFloats;  // [group][head_dim]
+    for (int i = static_cast<int>(threadIdx.x); i < group * head_dim; i += kDecodeThreads)
+      queries[i] = rotated(q + (kv_head * group + i / head_dim) * head_dim, i % head_dim, shape, cos_sin) * scale;
     if (block == (chunks - 1) % blocks) {
       for (int d = static_cast<int>(threadIdx.x); d < head_dim; d += kDecodeThreads) {
         const int64_t offset = kv_head * head_dim + d;
-        keys[(positions - 1) * kv_dim + offset] = float_to_half(rotated(k + kv_head * head_dim, d, shape, cos_sin));
-        values[(positions - 1) * kv_dim + offset] = float_to_half(v[offset]);
+        keys[newest * kv_dim + offset] = float_to_half(rotated(k + kv_head * head_dim, d, shape, cos_sin));
+        values[newest * kv_dim + offset] = float_to_half(v[offset]);
       }
     }
     __syncthreads();
 
-    const int slot = static_cast<int>(threadIdx.x / kLanesPerPosition);  // the position of the chunk it scores
-    const int part = static_cast<int>(threadIdx.x % kLanesPerPosition);
-    for (int64_t chunk = block; chunk < chunks; chunk += blocks) {
-      const int64_t begin = chunk * kAttentionChunk;
-      const int count = static_cast<int>(min(kAttentionChunk, positions - begin));
-
-      // Scores: kLanesPerPosition lanes per position, each reading every kLanesPerPosition-th piece of the
-      // key (16 bytes where the head dimension allows) for all heads of the group, then summing across them.
-      float dot[kMaxHeadsPerKvHead] = {};
-      if (slot < count) {
-        const uint16_t* key = keys + (begin + slot) * kv_dim + kv_head * head_dim;
-        if (head_dim % 8 == 0) {
-          for (int d = 8 * part; d < head_dim; d += 8 * kLanesPerPosition) {
-            float k[8];
-            widen_8_halves(load_16(key + d), k);
+    if (team < Split::kScoringTeams) {
+      const TeamLayout layout(head_dim, group, lane);
+      // The lane's values of its head's query (zero for lanes without a head).
+      float query[kValues];
 #pragma unroll
-            for (int g = 0; g < kMaxHeadsPerKvHead; ++g)
-              if (g < group) dot[g] += dot_8(k, q_shared + g * head_dim + d);
+      for (int i = 0; i < kValues; ++i) {
+        const int d = layout.dim(i);
+        query[i] = layout.slot < group && d < head_dim ? queries[layout.slot * head_dim + d] : 0.0f;
+      }
+      float maximum = -INFINITY, sum = 0.0f;
+      float acc[kValues] = {};
+      for (int64_t chunk = block; chunk < chunks; chunk += blocks) {
+        for (int first = 0; first < Split::kPositionsPerTeam; first += Split::kBatch) {
+          const int64_t position = chunk * kAttentionChunk + team * Split::kPositionsPerTeam + first;
+          if (position >= positions) break;  // the team's (and its later batches') positions are all past the end
+          RowPart<kValues> key[Split::kBatch], value[Split::kBatch];
+#pragma unroll
+          for (int u = 0; u < Split::kBatch; ++u) {
+            const int64_t row = min(position + u, newest) * kv_dim + kv_head * head_dim;  // past the end: ignored
+            key[u].load(keys + row, layout);
+            value[u].load(values + row, layout);
           }
-        } else {
-          for (int d = 2 * part; d < head_dim; d += 2 * kLanesPerPosition) {
-            const float2 k = load_halves(key + d);
+          // Scores: the lane's share of each dot product, summed over the lanes of its head.
+          float score[Split::kBatch];
+          float batch_maximum = -INFINITY;
 #pragma unroll
-            for (int g = 0; g < kMaxHeadsPerKvHead; ++g)
-              if (g < group) dot[g] += k.x * q_shared[g * head_dim + d] + k.y * q_shared[g * head_dim + d + 1];
+          for (int u = 0; u < Split::kBatch; ++u) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kValues / 2; ++j) {
+              const float2 kj = key[u].pair(j);
+              dot += query[2 * j] * kj.x + query[2 * j + 1] * kj.y;
+            }
+            for (int mask = layout.lanes_per_head / 2; mask > 0; mask /= 2) dot += shuffle_xor(dot, mask, kTeam);
+            score[u] = position + u < positions ? dot : -INFINITY;
+            batch_maximum = fmaxf(batch_maximum, score[u]);
+          }
+          // The running softmax: the new maximum, the batch's weights under it, and the factor that brings what
+          // came before to it.
+          const float new_maximum = fmaxf(maximum, batch_maximum);
+          const float rescale = expf(maximum - new_maximum);
+          float weight[Split::kBatch];
+          float total = 0.0f;
+#pragma unroll
+          for (int u = 0; u < Split::kBatch; ++u) {
+            weight[u] = expf(score[u] - new_maximum);
+            total += weight[u];
+          }
+          sum = sum * rescale + total;
+          maximum = new_maximum;
+#pragma unroll
+          for (int j = 0; j < kValues / 2; ++j) {
+            float2 weighted = {acc[2 * j] * rescale, acc[2 * j + 1] * rescale};
+#pragma unroll
+            for (int u = 0; u < Split::kBatch; ++u) {
+              const float2 vj = value[u].pair(j);
+              weighted.x += weight[u] * vj.x;
+              weighted.y += weight[u] * vj.y;
+            }
+            acc[2 * j] = weighted.x;
+            acc[2 * j + 1] = weighted.y;
           }
         }
       }
+      // The team's softmax to shared memory: [team][value][lane], then the maxima and sums [team][lane].
+      float* team_acc = dynamic_shared + team * kValues * kTeam;
 #pragma unroll
-      for (int g = 0; g < kMaxHeadsPerKvHead; ++g) {
-        if (g < group) {
-          float total = dot[g];
-#pragma unroll
-          for (int mask = kLanesPerPosition / 2; mask > 0; mask /= 2)
-            total += shuffle_xor(total, mask, kLanesPerPosition);
-          if (part == 0 && slot < count) scores[g * kChunk + slot] = total * scale;
-        }
-      }
-      __syncthreads();
-
-      // The running softmax of each head (one team per head, a lane per position): the new maximum, the
-      // chunk's weights under it, and the factor that brings what came before to it.
-      for (int g = team; g < group; g += kDecodeTeams) {
-        float* row = scores + g * kChunk;
-        const float previous = maxima[g];
-        const float score = lane < count ? row[lane] : -INFINITY;
-        const float maximum = fmaxf(previous, team_max(score));
-        const float weight = lane < count ? expf(score - maximum) : 0.0f;
-        if (lane < count) row[lane] = weight;
-        const float total = team_sum(weight);
-        if (lane == 0) {
-          const float rescale = expf(previous - maximum);
-          rescales[g] = rescale;
-          sums[g] = sums[g] * rescale + total;
-          maxima[g] = maximum;
-        }
-      }
-      __syncthreads();
-
-      // Weighted values: a thread per (head, dimension pair); consecutive threads take consecutive pairs.
-      for (int i = static_cast<int>(threadIdx.x); i < group * head_dim / 2; i += kDecodeThreads) {
-        const int g = i / (head_dim / 2);
-        const int d = 2 * (i % (head_dim / 2));
-        const float* weights = scores + g * kChunk;
-        const uint16_t* value = values + begin * kv_dim + kv_head * head_dim + d;
-        float2 sum = {0.0f, 0.0f};
-#pragma unroll 8
-        for (int p = 0; p < count; ++p) {
-          const float2 v = load_halves(value + p * kv_dim);
-          sum.x += weights[p] * v.x;
-          sum.y += weights[p] * v.y;
-        }
-        float2& pair = reinterpret_cast<float2*>(acc)[i];
-        pair.x = pair.x * rescales[g] + sum.x;
-        pair.y = pair.y * rescales[g] + sum.y;
-      }
-      __syncthreads();  // the next chunk rewrites the scores and rescales
+      for (int i = 0; i < kValues; ++i) team_acc[i * kTeam + lane] = acc[i];
+      float* maxima = dynamic_shared + Split::kScoringTeams * kValues * kTeam;
+      float* sums = maxima + Split::kScoringTeams * kTeam;
+      maxima[team * kTeam + lane] = maximum;
+      sums[team * kTeam + lane] = sum;
     }
+    __syncthreads();
 
-    for (int i = static_cast<int>(threadIdx.x); i < group * (head_dim + 2); i += kDecodeThreads) {
-      const int g = i / (head_dim + 2);
-      const int d = i % (head_dim + 2);
-      const float value = d < head_dim ? acc[g * head_dim + d] : d == head_dim ? maxima[g] : sums[g];
-      partials[((kv_head * group + g) * blocks + block) * stride + d] = value;
+    // The block's partial per head: the teams' softmaxes brought to their common maximum and summed. A team
+    // without positions has maximum -inf and weighs nothing; the first team always has some.
+    const float* maxima = dynamic_shared + Split::kScoringTeams * kValues * kTeam;
+    const float* sums = maxima + Split::kScoringTeams * kTeam;
+    for (int e = static_cast<int>(threadIdx.x); e < kTeam * kValues; e += kDecodeThreads) {
+      const int value_lane = e % kTeam;
+      const int i = e / kTeam;
+      const TeamLayout owner(head_dim, group, value_lane);
+      const int d = owner.dim(i);
+      if (owner.slot >= group || d >= head_dim) continue;
+      float common = -INFINITY;
+#pragma unroll
+      for (int t = 0; t < Split::kScoringTeams; ++t) common = fmaxf(common, maxima[t * kTeam + value_lane]);
+      float value = 0.0f, total = 0.0f;
+#pragma unroll
+      for (int t = 0; t < Split::kScoringTeams; ++t) {
+        const float factor = expf(maxima[t * kTeam + value_lane] - common);
+        value += dynamic_shared[(t * kValues + i) * kTeam + value_lane] * factor;
+        total += sums[t * kTeam + value_lane] * factor;
+      }
+      float* partial = partials + ((kv_head * group + owner.slot) * blocks + block) * stride;
+      partial[d] = value;
+      if (d == 0) {
+        partial[head_dim] = common;
+        partial[head_dim + 1] = total;
+      }
     }
   }
 
@@ -405,16 +485,25 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
   if (shape.n_kv_heads % kv_heads_per_combine != 0)
     fail_with("attention_decode: the output rows are not whole blocks of their 8-bit form");
   auto* arrivals = reinterpret_cast<unsigned*>(partials + decode_partial_floats(shape, blocks));
-  // The scoring blocks' query, weighted values and softmax; then the combining block's factors.
-  const size_t shared_bytes =
-      sizeof(float) * static_cast<size_t>(std::max(group * (2 * shape.head_dim + kAttentionChunk + 3),
-                                                   kv_heads_per_combine * group * blocks));
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.n_kv_heads));
-  with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
-    launch_overlapped("attention_decode", attention_decode_kernel<kBlocks>, grid, kDecodeThreads, shared_bytes,
-                      stream, shape, q, k, v, cos_sin, key_cache, value_cache, step, attention_scale(shape),
-                      kv_heads_per_combine, partials, arrivals, out);
-  });
+  const auto run = [&]<int kValues>() {
+    // The teams' softmaxes to merge and the queries; then the combining block's factors.
+    const size_t shared_bytes =
+        sizeof(float) * static_cast<size_t>(std::max(DecodeSplit<kValues>::kMergeFloats + group * shape.head_dim,
+                                                     kv_heads_per_combine * group * blocks));
+    with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
+      launch_overlapped("attention_decode", attention_decode_kernel<kBlocks, kValues>, grid, kDecodeThreads,
+                        shared_bytes, stream, shape, q, k, v, cos_sin, key_cache, value_cache, step,
+                        attention_scale(shape), kv_heads_per_combine, partials, arrivals, out);
+    });
+  };
+  switch (values_per_lane(shape)) {
+    case 8: run.template operator()<8>(); break;
+    case 16: run.template operator()<16>(); break;
+    case 32: run.template operator()<32>(); break;
+    case 64: run.template operator()<64>(); break;
+    default: run.template operator()<128>(); break;  // the largest group of the largest heads
+  }
 }
 
 void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
