@@ -98,6 +98,10 @@ void register_products() {
       {"gate_up/Q5_K", TensorType::Q5_K, {kHidden, kHidden}, kDim},
       {"gate_up/Q3_K", TensorType::Q3_K, {kHidden, kHidden}, kDim},
       {"gate_up/IQ4_XS", TensorType::IQ4_XS, {kHidden, kHidden}, kDim},
+      {"down/Q8_0", TensorType::Q8_0, {kDim}, kHidden},
+      {"down/Q4_0", TensorType::Q4_0, {kDim}, kHidden},
+      {"down/Q5_K", TensorType::Q5_K, {kDim}, kHidden},
+      {"down/IQ4_XS", TensorType::IQ4_XS, {kDim}, kHidden},
       {"1b_gate_up/Q4_K", TensorType::Q4_K, {k1bHidden, k1bHidden}, k1bDim},
       {"1b_down/Q6_K", TensorType::Q6_K, {k1bDim}, k1bHidden},
   };

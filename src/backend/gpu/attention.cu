@@ -71,15 +71,11 @@ __device__ __forceinline__ float dot_8(const float (&k)[8], const float* q) {
          k[7] * qb.w;
 }
 
-// The combining block keeps a factor per query head it combines and per thread block of a kv head in shared
-// memory: at most this many floats (32 KiB), which bounds the thread blocks of a kv head on large GPUs.
-constexpr int64_t kMaxCombineFactors = 8192;
-
 // Thread blocks per kv head of the decode grid.
 int64_t decode_blocks(const AttentionShape& shape, int64_t context) {
   static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
   const int64_t wanted = (kDecodeBlocksPerMultiprocessor * multiprocessors + shape.n_kv_heads - 1) / shape.n_kv_heads;
-  return std::max<int64_t>(1, std::min({wanted, max_splits(context), kMaxCombineFactors / shape.n_heads}));
+  return std::max<int64_t>(1, std::min(wanted, max_splits(context)));
 }
 
 // Floats of the partial results: per query head and thread block, head_dim unnormalized outputs, then the
@@ -150,12 +146,13 @@ int values_per_lane(const AttentionShape& shape) {
 // The decode kernel's work split for kValues values a lane: teams that score (their merge buffers, kValues
 // floats a lane, take at most 4096 floats of shared memory), the positions of a chunk each of them takes
 // (consecutive), and how many of those it loads before it uses the first (the loaded rows take kBatch * kValues
-// registers).
+// registers; measured on an H200 with 16 values a lane, the 8B's kernel took 12.3 us with batches of 2 against
+// 12.9 us with 4, which spilled).
 template <int kValues>
 struct DecodeSplit {
   static constexpr int kScoringTeams = kValues <= 16 ? kDecodeTeams : 4096 / (kTeam * kValues);
   static constexpr int kPositionsPerTeam = static_cast<int>(kAttentionChunk) / kScoringTeams;
-  static constexpr int kBatch = kValues <= 16 ? 4 : kValues == 32 ? 2 : 1;
+  static constexpr int kBatch = kValues <= 8 ? 4 : kValues <= 32 ? 2 : 1;
   static constexpr int kMergeFloats = kScoringTeams * kTeam * (kValues + 2);
   static_assert(kAttentionChunk % kScoringTeams == 0 && kPositionsPerTeam % kBatch == 0);
 };
@@ -165,12 +162,13 @@ template <int kValues>
 struct RowPart {
   uint32_t pairs[kValues / 2];
 
-  __device__ void load(const uint16_t* row, const TeamLayout& layout) {
+  // The row's values, or zeros where it is not `present`.
+  __device__ void load(const uint16_t* row, const TeamLayout& layout, bool present) {
     if (layout.piece == 8) {
 #pragma unroll
       for (int j = 0; j < kValues / 8; ++j) {
         const int d = layout.dim(8 * j);
-        const int4 v = d < layout.head_dim ? load_16(row + d) : make_int4(0, 0, 0, 0);
+        const int4 v = present && d < layout.head_dim ? load_16(row + d) : make_int4(0, 0, 0, 0);
         pairs[4 * j] = v.x;
         pairs[4 * j + 1] = v.y;
         pairs[4 * j + 2] = v.z;
@@ -180,7 +178,7 @@ struct RowPart {
 #pragma unroll
       for (int j = 0; j < kValues / 2; ++j) {
         const int d = layout.dim(2 * j);
-        pairs[j] = d < layout.head_dim ? *reinterpret_cast<const uint32_t*>(row + d) : 0u;
+        pairs[j] = present && d < layout.head_dim ? *reinterpret_cast<const uint32_t*>(row + d) : 0u;
       }
     }
   }
@@ -261,9 +259,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
           RowPart<kValues> key[Split::kBatch], value[Split::kBatch];
 #pragma unroll
           for (int u = 0; u < Split::kBatch; ++u) {
-            const int64_t row = min(position + u, newest) * kv_dim + kv_head * head_dim;  // past the end: ignored
-            key[u].load(keys + row, layout);
-            value[u].load(values + row, layout);
+            const int64_t row = (position + u) * kv_dim + kv_head * head_dim;
+            key[u].load(keys + row, layout, position + u < positions);
+            value[u].load(values + row, layout, position + u < positions);
           }
           // Scores: the lane's share of each dot product, summed over the lanes of its head.
           float score[Split::kBatch];
@@ -350,40 +348,31 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   const int64_t combine_group = kv_head / kv_heads_per_combine;
   if (!arrive_last(arrivals + combine_group, static_cast<unsigned>(kv_heads_per_combine * blocks))) return;
 
-  // The combining block. First, a team per query head of the group: the factor that brings each partial (of
-  // the blocks that had chunks) to the head's common maximum, divided by the softmax's sum under it.
-  const int heads = static_cast<int>(kv_heads_per_combine) * group;
-  const int64_t first_head = combine_group * heads;
+  // The combining block: each output value, kDecodeThreads consecutive ones at a time, which quantize together.
+  // A value is the sum of its head's partials (of the blocks that had chunks) brought to their common maximum,
+  // divided by the softmax's sum under it, both taken in one pass (an online softmax over the partials).
+  const int64_t heads = kv_heads_per_combine * group;
+  const int64_t first = combine_group * heads * head_dim;  // the group's first value
+  const int outputs = static_cast<int>(heads) * head_dim;  // a multiple of the quantization block
   const int used = static_cast<int>(min(static_cast<int64_t>(blocks), chunks));
-  float* factors = reinterpret_cast<float*>(dynamic_shared);  // [heads][used]: at most kMaxCombineFactors
-  for (int h = team; h < heads; h += kDecodeTeams) {
-    const float* head_partials = partials + (first_head + h) * blocks * stride;
-    float maximum = -INFINITY;
-    for (int b = lane; b < used; b += kTeam) maximum = fmaxf(maximum, head_partials[b * stride + head_dim]);
-    maximum = team_max(maximum);
-    float total = 0.0f;
-    for (int b = lane; b < used; b += kTeam) {
-      const float rescale = expf(head_partials[b * stride + head_dim] - maximum);
-      factors[h * used + b] = rescale;
-      total += head_partials[b * stride + head_dim + 1] * rescale;
-    }
-    total = team_sum(total);
-    for (int b = lane; b < used; b += kTeam) factors[h * used + b] /= total;
-  }
-  __syncthreads();
-
-  // Then each output value, kDecodeThreads consecutive ones at a time, which quantize together.
-  const int64_t first = first_head * head_dim;  // the group's first value
-  const int outputs = heads * head_dim;         // a multiple of the quantization block
   for (int base = 0; base < outputs; base += kDecodeThreads) {
     const int e = base + static_cast<int>(threadIdx.x);
     float value = 0.0f;
     if (e < outputs) {
-      const int h = e / head_dim;
-      const float* partial = partials + (first_head + h) * blocks * stride + e % head_dim;
-      const float* head_factors = factors + h * used;
-#pragma unroll 8
-      for (int b = 0; b < used; ++b) value += partial[b * stride] * head_factors[b];
+      const float* partial = partials + (combine_group * heads + e / head_dim) * blocks * stride;
+      const int d = e % head_dim;
+      float maximum = -INFINITY, total = 0.0f;
+#pragma unroll 4
+      for (int b = 0; b < used; ++b, partial += stride) {
+        const float block_maximum = partial[head_dim];
+        const float new_maximum = fmaxf(maximum, block_maximum);
+        const float rescale = expf(maximum - new_maximum);
+        const float factor = expf(block_maximum - new_maximum);
+        value = value * rescale + partial[d] * factor;
+        total = total * rescale + partial[head_dim + 1] * factor;
+        maximum = new_maximum;
+      }
+      value /= total;
       out.f32[first + e] = value;
     }
     const bool active = e - static_cast<int>(threadIdx.x) % kTeam < outputs;  // whole teams: the group is whole blocks
@@ -487,10 +476,9 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
   auto* arrivals = reinterpret_cast<unsigned*>(partials + decode_partial_floats(shape, blocks));
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.n_kv_heads));
   const auto run = [&]<int kValues>() {
-    // The teams' softmaxes to merge and the queries; then the combining block's factors.
+    // The teams' softmaxes to merge, and the queries.
     const size_t shared_bytes =
-        sizeof(float) * static_cast<size_t>(std::max(DecodeSplit<kValues>::kMergeFloats + group * shape.head_dim,
-                                                     kv_heads_per_combine * group * blocks));
+        sizeof(float) * static_cast<size_t>(DecodeSplit<kValues>::kMergeFloats + group * shape.head_dim);
     with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
       launch_overlapped("attention_decode", attention_decode_kernel<kBlocks, kValues>, grid, kDecodeThreads,
                         shared_bytes, stream, shape, q, k, v, cos_sin, key_cache, value_cache, step,
