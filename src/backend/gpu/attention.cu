@@ -111,9 +111,16 @@ __device__ bool arrive_last(unsigned* counter, unsigned arrivals) {
 }
 
 // How a team of the decode kernel holds one row of a kv head (a key, a value, or the query heads of the
-// group): the query heads take slots of lanes_per_head lanes (slots: the group rounded up to a power of two), and
-// within a slot lane `sub` takes pieces sub, sub + lanes_per_head, ... of the head: 8 values (16 bytes of the
+// group): the query heads take slots of lanes_per_head() lanes (slots: the group rounded up to a power of two),
+// and within a slot lane `sub` takes pieces sub, sub + lanes_per_head, ... of the head: 8 values (16 bytes of the
 // cache) where the head dimension allows, else 2. Value i of a lane is dimension dim(i) of its head.
+__host__ __device__ constexpr int lanes_per_head(int64_t group) {
+  int slots = 1;
+  while (slots < group) slots *= 2;
+  return kTeam / slots;
+}
+__host__ __device__ constexpr int piece_values(int64_t head_dim) { return head_dim % 8 == 0 ? 8 : 2; }
+
 struct TeamLayout {
   int head_dim;
   int piece;
@@ -121,23 +128,20 @@ struct TeamLayout {
   int slot;
   int sub;
 
-  __device__ TeamLayout(int head_dim_, int group, int lane) : head_dim(head_dim_), piece(head_dim_ % 8 == 0 ? 8 : 2) {
-    int slots = 1;
-    while (slots < group) slots *= 2;
-    lanes_per_head = kTeam / slots;
-    slot = lane / lanes_per_head;
-    sub = lane % lanes_per_head;
-  }
+  __device__ TeamLayout(int head_dim_, int group, int lane)
+      : head_dim(head_dim_),
+        piece(piece_values(head_dim_)),
+        lanes_per_head(rf::gpu::lanes_per_head(group)),
+        slot(lane / lanes_per_head),
+        sub(lane % lanes_per_head) {}
   __device__ int dim(int i) const { return (sub + i / piece * lanes_per_head) * piece + i % piece; }
 };
 
 // Values a lane holds of one row (a power of two, at least one piece of 8): what TeamLayout needs for the shape.
 int values_per_lane(const AttentionShape& shape) {
-  int64_t slots = 1;
-  while (slots < shape.heads_per_kv_head()) slots *= 2;
-  const int64_t lanes_per_head = kTeam / slots;
-  const int64_t piece = shape.head_dim % 8 == 0 ? 8 : 2;
-  const int64_t needed = (shape.head_dim / piece + lanes_per_head - 1) / lanes_per_head * piece;
+  const int64_t lanes = lanes_per_head(shape.heads_per_kv_head());
+  const int64_t piece = piece_values(shape.head_dim);
+  const int64_t needed = (shape.head_dim / piece + lanes - 1) / lanes * piece;
   int values = 8;
   while (values < needed) values *= 2;
   return values;
