@@ -81,21 +81,29 @@ __device__ __forceinline__ int spread_bits(uint32_t bits) {
   return static_cast<int>((bits & 1u) | ((bits & 2u) << 7) | ((bits & 4u) << 14) | ((bits & 8u) << 21));
 }
 
-// Four 4-bit levels (one per byte, low nibbles) -> four IQ4_NL / IQ4_XS values (quant::kIQ4NLValues: -127,
-// -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113), looked up in registers: byte permutes
-// pick each level's value from the table's low half and from its high half, and the level's bit 3 chooses.
-// (An indexed local array went through local memory: the 8B's gate + up in IQ4_XS took 208 us, against 22 us
-// for Q4_K.)
-__device__ __forceinline__ int iq4_values(uint32_t levels) {
+// 16 bytes of IQ4_NL / IQ4_XS levels (two per byte) -> their values (quant::kIQ4NLValues: -127, -104, -83,
+// -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113) as signed bytes, the low nibbles' to out.q[0] and
+// the high nibbles' to out.q[1], as split_nibbles() orders levels. The table lives in registers: byte permutes
+// pick four levels' values from its low half and from its high half at once, a third picks per level by the
+// level's bit 3, and two more sort the eight values of a word into low and high nibbles. (An indexed local
+// array went through local memory: the 8B's gate + up in IQ4_XS took 208 us, against 22 us for Q4_K.)
+template <typename Slice>
+__device__ __forceinline__ void split_iq4_values(const int4& qs, Slice& out) {
   constexpr uint32_t kLow0 = 0xBFAD9881u, kLow1 = 0xF6EADDCFu;    // values of levels 0-3, 4-7
   constexpr uint32_t kHigh0 = 0x26190D01u, kHigh1 = 0x71594535u;  // values of levels 8-11, 12-15
-  const uint32_t index = levels & 0x07070707u;                   // the level within its half, per byte
-  const uint32_t selector =
-      (index & 0xFu) | ((index >> 4) & 0xF0u) | ((index >> 8) & 0xF00u) | ((index >> 12) & 0xF000u);
-  const uint32_t low = __byte_perm(kLow0, kLow1, selector);
-  const uint32_t high = __byte_perm(kHigh0, kHigh1, selector);
-  const uint32_t upper = ((levels >> 3) & 0x01010101u) * 0xFFu;  // 0xFF in each byte whose level is 8 or more
-  return static_cast<int>((low & ~upper) | (high & upper));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const auto word = static_cast<uint32_t>(component(qs, i));
+    const uint32_t index = word & 0x77777777u;         // per nibble: the level within its half
+    const uint32_t upper = (word & 0x88888888u) >> 1;  // per nibble: 4 where the level is 8 or more
+    // Values of nibbles 0-3 (bytes 0 and 1 of the word, low nibble first), then of nibbles 4-7.
+    const uint32_t first = __byte_perm(__byte_perm(kLow0, kLow1, index), __byte_perm(kHigh0, kHigh1, index),
+                                       0x3210u | upper);
+    const uint32_t second = __byte_perm(__byte_perm(kLow0, kLow1, index >> 16),
+                                        __byte_perm(kHigh0, kHigh1, index >> 16), 0x3210u | (upper >> 16));
+    out.q[0][i] = static_cast<int>(__byte_perm(first, second, 0x6420u));
+    out.q[1][i] = static_cast<int>(__byte_perm(first, second, 0x7531u));
+  }
 }
 
 // The 6-bit scales and mins of sub-blocks 2p and 2p + 1 of Q4_K and Q5_K (quant::unpack_k_scales_mins) from
@@ -297,11 +305,7 @@ struct Decoder<TensorType::IQ4_NL> {
   __device__ static int group_start(int, int group) { return 16 * group; }
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
     Slice s;
-    decode::split_nibbles(load_16(decode::payload(w, block, 16)), s);
-#pragma unroll
-    for (int g = 0; g < 2; ++g)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s.q[g][i] = decode::iq4_values(static_cast<uint32_t>(s.q[g][i]));
+    decode::split_iq4_values(load_16(decode::payload(w, block, 16)), s);
     s.scale[0] = s.scale[1] = half_to_float(w.scales[block]);
     s.offset[0] = s.offset[1] = 0.0f;
     return s;
@@ -481,11 +485,7 @@ struct Decoder<TensorType::IQ4_XS> {
     const uint8_t* p = decode::payload(w, block, 136);
     const int2 header = *reinterpret_cast<const int2*>(p);
     Slice s;
-    decode::split_nibbles(load_16_from_8(p + 8 + 16 * slice), s);
-#pragma unroll
-    for (int g = 0; g < 2; ++g)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s.q[g][i] = decode::iq4_values(static_cast<uint32_t>(s.q[g][i]));
+    decode::split_iq4_values(load_16_from_8(p + 8 + 16 * slice), s);
     const auto dh = static_cast<uint32_t>(header.x);
     const int low = (static_cast<uint32_t>(header.y) >> (4 * slice)) & 0xF;
     const int high = (dh >> (16 + 2 * slice)) & 3;
