@@ -82,15 +82,18 @@ __device__ __forceinline__ int spread_bits(uint32_t bits) {
 }
 
 // 16 bytes of IQ4_NL / IQ4_XS levels (two per byte) -> their values (quant::kIQ4NLValues: -127, -104, -83,
-// -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113) as signed bytes, the low nibbles' to out.q[0] and
-// the high nibbles' to out.q[1], as split_nibbles() orders levels. The table lives in registers: byte permutes
-// pick four levels' values from its low half and from its high half at once, a third picks per level by the
-// level's bit 3, and two more sort the eight values of a word into low and high nibbles. (An indexed local
-// array went through local memory: the 8B's gate + up in IQ4_XS took 208 us, against 22 us for Q4_K.)
-template <typename Slice>
+// -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113) as signed bytes, or with kBiased as unsigned bytes
+// value + 127 (0 .. 240, for products summed as levels under an offset), the low nibbles' to out.q[0] and the
+// high nibbles' to out.q[1], as split_nibbles() orders levels. The table lives in registers: byte permutes pick
+// four levels' values from its low half and from its high half at once, a third picks per level by the level's
+// bit 3, and two more sort the eight values of a word into low and high nibbles. (An indexed local array went
+// through local memory: the 8B's gate + up in IQ4_XS took 208 us, against 22 us for Q4_K.)
+template <bool kBiased, typename Slice>
 __device__ __forceinline__ void split_iq4_values(const int4& qs, Slice& out) {
-  constexpr uint32_t kLow0 = 0xBFAD9881u, kLow1 = 0xF6EADDCFu;    // values of levels 0-3, 4-7
-  constexpr uint32_t kHigh0 = 0x26190D01u, kHigh1 = 0x71594535u;  // values of levels 8-11, 12-15
+  // Each byte + 127: flip the sign bit (+ 128), then take 1 from every byte (none is zero after the flip).
+  constexpr auto table = [](uint32_t word) { return kBiased ? (word ^ 0x80808080u) - 0x01010101u : word; };
+  constexpr uint32_t kLow0 = table(0xBFAD9881u), kLow1 = table(0xF6EADDCFu);    // values of levels 0-3, 4-7
+  constexpr uint32_t kHigh0 = table(0x26190D01u), kHigh1 = table(0x71594535u);  // values of levels 8-11, 12-15
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const auto word = static_cast<uint32_t>(component(qs, i));
@@ -305,7 +308,7 @@ struct Decoder<TensorType::IQ4_NL> {
   __device__ static int group_start(int, int group) { return 16 * group; }
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
     Slice s;
-    decode::split_iq4_values(load_16(decode::payload(w, block, 16)), s);
+    decode::split_iq4_values<false>(load_16(decode::payload(w, block, 16)), s);
     s.scale[0] = s.scale[1] = half_to_float(w.scales[block]);
     s.offset[0] = s.offset[1] = 0.0f;
     return s;
@@ -474,23 +477,27 @@ struct Decoder<TensorType::Q6_K> {
 };
 
 // d, scales_h, scales_l[4], qs[128]. Slice s = sub-block s: 16 bytes of qs at 16s in IQ4_NL's nibble order;
-// x = d * (scale - 32) * kIQ4NLValues[q].
+// x = d * (scale - 32) * kIQ4NLValues[q], taken as d * (scale - 32) * (kIQ4NLValues[q] + 127) less
+// d * 127 * (scale - 32), so that a slice's dot product with Q8_K activations is summed in integers like the
+// K-quants' (ScaledLevelSlice).
 template <>
 struct Decoder<TensorType::IQ4_XS> {
   static constexpr int kBlockElements = 256;
   static constexpr int kSlices = 8;
-  using Slice = QuantSlice<2>;
+  using Slice = ScaledLevelSlice<2>;
   __device__ static int group_start(int slice, int group) { return 32 * slice + 16 * group; }
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
     const uint8_t* p = decode::payload(w, block, 136);
     const int2 header = *reinterpret_cast<const int2*>(p);
     Slice s;
-    decode::split_iq4_values(load_16_from_8(p + 8 + 16 * slice), s);
+    decode::split_iq4_values<true>(load_16_from_8(p + 8 + 16 * slice), s);
     const auto dh = static_cast<uint32_t>(header.x);
     const int low = (static_cast<uint32_t>(header.y) >> (4 * slice)) & 0xF;
     const int high = (dh >> (16 + 2 * slice)) & 3;
-    s.scale[0] = s.scale[1] = half_to_float(static_cast<uint16_t>(dh)) * static_cast<float>((low | (high << 4)) - 32);
-    s.offset[0] = s.offset[1] = 0.0f;
+    const int scale = (low | (high << 4)) - 32;
+    s.scale[0] = s.scale[1] = scale;
+    s.min[0] = s.min[1] = 127 * scale;
+    s.d = s.dmin = half_to_float(static_cast<uint16_t>(dh));
     return s;
   }
 };
