@@ -41,10 +41,11 @@ struct QuantSlice {
 };
 
 // Groups of 16 or 32 unsigned levels (bytes, four to an int) with integer scales and mins under the block's
-// float factors: x = d * scale[g] * q - dmin * min[g]. For K-quants, whose activations carry one scale per
-// super-block (Q8_K), so that a slice's dot product is summed in integers and scaled once. A level may be
-// left in place in the high nibble of its byte (16 q): its scale is then that of the low nibble divided by
-// 16, which the decoder keeps integral by multiplying the other scales by 16 and dividing d by 16.
+// float factors: x = d * scale[g] * q - dmin * min[g]. For K-quants and IQ4_XS (its values biased to unsigned
+// levels), whose activations carry one scale per super-block (Q8_K), so that a slice's dot product is summed in
+// integers and scaled once. A level may be left in place in the high nibble of its byte (16 q): its scale is
+// then that of the low nibble divided by 16, which the decoder keeps integral by multiplying the other scales by
+// 16 and dividing d by 16.
 template <int kGroups_, int kInts_ = 4>
 struct ScaledLevelSlice {
   static constexpr int kGroups = kGroups_;
