@@ -1,4 +1,4 @@
-// The decode products of an 8B llama (Q4_K_M and F16, and its gate + up in other common types) and the largest
+// The decode products of an 8B llama (Q4_K_M and F16, and its gate + up and down in other types) and the largest
 // ones of a 1B, one launch at a time on the GPU: each product is launched back to back on one stream and timed
 // with events, which is how a captured decode step replays them. Reports microseconds per product and the weight
 // bytes it streams per second. The weights are a constant byte pattern (the kernels' speed does not depend on

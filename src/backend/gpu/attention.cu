@@ -62,8 +62,8 @@ __device__ __forceinline__ void widen_8_halves(const int4& v, float (&out)[8]) {
   }
 }
 
-// k[0] * q[0] + ... + k[7] * q[7] for eight query values q (16-byte aligned): the scoring step of both
-// attention kernels, over a widened piece of a key.
+// k[0] * q[0] + ... + k[7] * q[7] for eight query values q (16-byte aligned): the prompt kernel's scoring step,
+// over a widened piece of a key.
 __device__ __forceinline__ float dot_8(const float (&k)[8], const float* q) {
   const float4 qa = *reinterpret_cast<const float4*>(q);
   const float4 qb = *reinterpret_cast<const float4*>(q + 4);
@@ -186,9 +186,7 @@ struct RowPart {
       }
     }
   }
-  __device__ float2 pair(int j) const {
-    return {half_to_float(static_cast<uint16_t>(pairs[j])), half_to_float(static_cast<uint16_t>(pairs[j] >> 16))};
-  }
+  __device__ float2 pair(int j) const { return load_halves(&pairs[j]); }
 };
 
 // Grid: (thread blocks per kv head, kv heads). `arrivals`: one counter per combine group of
@@ -230,10 +228,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   const int64_t stride = head_dim + 2;  // floats of one partial result
 
   if (block < chunks) {
-    // The group's queries, rotated and scaled, to shared memory after the teams' merge buffers. The block whose
-    // chunks include the newest position also puts its key (rotated) and value into the cache, where its
-    // scoring reads them; no other block reads that row.
-    float* queries = dynamic_shared + Split::kMergeFloats;  // [group][head_dim]
+    // Shared memory: the scoring teams' softmaxes for the merge, then the group's queries.
+    float* merged_acc = dynamic_shared;                                   // [team][value][lane]
+    float* maxima = merged_acc + Split::kScoringTeams * kValues * kTeam;  // [team][lane]
+    float* sums = maxima + Split::kScoringTeams * kTeam;                  // [team][lane]
+    float* queries = dynamic_shared + Split::kMergeFloats;                // [group][head_dim]
+    // The group's queries, rotated and scaled. The block whose chunks include the newest position also puts its
+    // key (rotated) and value into the cache, where its scoring reads them; no other block reads that row.
     for (int i = static_cast<int>(threadIdx.x); i < group * head_dim; i += kDecodeThreads)
       queries[i] = rotated(q + (kv_head * group + i / head_dim) * head_dim, i % head_dim, shape, cos_sin) * scale;
     if (block == (chunks - 1) % blocks) {
@@ -309,12 +310,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
           }
         }
       }
-      // The team's softmax to shared memory: [team][value][lane], then the maxima and sums [team][lane].
-      float* team_acc = dynamic_shared + team * kValues * kTeam;
+      // The team's softmax to shared memory.
 #pragma unroll
-      for (int i = 0; i < kValues; ++i) team_acc[i * kTeam + lane] = acc[i];
-      float* maxima = dynamic_shared + Split::kScoringTeams * kValues * kTeam;
-      float* sums = maxima + Split::kScoringTeams * kTeam;
+      for (int i = 0; i < kValues; ++i) merged_acc[(team * kValues + i) * kTeam + lane] = acc[i];
       maxima[team * kTeam + lane] = maximum;
       sums[team * kTeam + lane] = sum;
     }
@@ -322,8 +320,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
 
     // The block's partial per head: the teams' softmaxes brought to their common maximum and summed. A team
     // without positions has maximum -inf and weighs nothing; the first team always has some.
-    const float* maxima = dynamic_shared + Split::kScoringTeams * kValues * kTeam;
-    const float* sums = maxima + Split::kScoringTeams * kTeam;
     for (int e = static_cast<int>(threadIdx.x); e < kTeam * kValues; e += kDecodeThreads) {
       const int value_lane = e % kTeam;
       const int i = e / kTeam;
@@ -337,7 +333,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
 #pragma unroll
       for (int t = 0; t < Split::kScoringTeams; ++t) {
         const float factor = expf(maxima[t * kTeam + value_lane] - common);
-        value += dynamic_shared[(t * kValues + i) * kTeam + value_lane] * factor;
+        value += merged_acc[(t * kValues + i) * kTeam + value_lane] * factor;
         total += sums[t * kTeam + value_lane] * factor;
       }
       float* partial = partials + ((kv_head * group + owner.slot) * blocks + block) * stride;
