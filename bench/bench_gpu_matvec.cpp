@@ -1,5 +1,5 @@
-// The decode products of an 8B llama (Q4_K_M and F16, and its gate + up and down in other types) and the largest
-// ones of a 1B, one launch at a time on the GPU: each product is launched back to back on one stream and timed
+// The decode products of an 8B llama (Q4_K_M and F16, and its gate + up and down in other types) and of a 1B
+// (Q4_K_M), one launch at a time on the GPU: each product is launched back to back on one stream and timed
 // with events, which is how a captured decode step replays them. Reports microseconds per product and the weight
 // bytes it streams per second. The weights are a constant byte pattern (the kernels' speed does not depend on
 // the values), so nothing is quantized on the host. Skips when no GPU is present.
@@ -91,6 +91,7 @@ void register_products() {
       {"down/Q4_K", TensorType::Q4_K, {kDim}, kHidden},
       {"output/Q6_K", TensorType::Q6_K, {kVocab}, kDim},
       {"q_k_v/F16", TensorType::F16, {kDim, kDim / 4, kDim / 4}, kDim},
+      {"attn_output/F16", TensorType::F16, {kDim}, kDim},
       {"gate_up/F16", TensorType::F16, {kHidden, kHidden}, kDim},
       {"down/F16", TensorType::F16, {kDim}, kHidden},
       {"gate_up/Q8_0", TensorType::Q8_0, {kHidden, kHidden}, kDim},
@@ -102,6 +103,9 @@ void register_products() {
       {"down/Q4_0", TensorType::Q4_0, {kDim}, kHidden},
       {"down/Q5_K", TensorType::Q5_K, {kDim}, kHidden},
       {"down/IQ4_XS", TensorType::IQ4_XS, {kDim}, kHidden},
+      {"1b_q_k/Q4_K", TensorType::Q4_K, {k1bDim, k1bDim / 4}, k1bDim},
+      {"1b_v/Q6_K", TensorType::Q6_K, {k1bDim / 4}, k1bDim},
+      {"1b_attn_output/Q4_K", TensorType::Q4_K, {k1bDim}, k1bDim},
       {"1b_gate_up/Q4_K", TensorType::Q4_K, {k1bHidden, k1bHidden}, k1bDim},
       {"1b_down/Q6_K", TensorType::Q6_K, {k1bDim}, k1bHidden},
   };

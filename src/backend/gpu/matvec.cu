@@ -288,9 +288,9 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch * kRows == 1 ? 6 : 4)
 constexpr int64_t kTwoTeamCols = 8192;
 
 // Lanes per row, at least 4 and the pieces of a block, at most a team (two for the widest rows): for slices,
-// about four slices per lane; for chunks, enough lanes that each takes one round of kUnroll chunks where a team
-// suffices.
-template <TensorType T, bool kChunks>
+// four to eight slices per lane, or two to four where a group of lanes takes kRows > 1 rows; for chunks, enough
+// lanes that each takes one round of kUnroll chunks where a team suffices.
+template <TensorType T, bool kChunks, int kRows>
 int lanes_per_row(int64_t cols) {
   const int64_t blocks = cols / Decoder<T>::kBlockElements;
   int lanes = 4;
@@ -298,8 +298,15 @@ int lanes_per_row(int64_t cols) {
     lanes = std::max(lanes, ChunkDecoder<T>::kChunks);
     while (lanes < kTeam && lanes * ChunkDecoder<T>::kUnroll < blocks * ChunkDecoder<T>::kChunks) lanes *= 2;
   } else {
+    // Groups that take two rows are half as many; twice the lanes a row gives the launch its thread blocks back.
+    // Measured on an H200 (bench_gpu_matvec, batch 1) for the K-quants' rows of 4096 (64 slices), where that
+    // makes 32 lanes of 16: the 8B's attention output 5.43 -> 3.94 us (256 thread blocks had left half the
+    // multiprocessors' slots empty), q + k 5.61 -> 5.05, v Q6_K 3.54 -> 3.11, gate + up Q4_K 21.9 -> 21.5,
+    // Q5_K 26.2 -> 25.2; decoding the 8b Q4_K_M 422 -> 434.5 and Q5_K_M 377 -> 395 tokens/s. With one row a
+    // group (batches of 2 to 8), more lanes lost (gate + up Q4_K batch 4: 77.4 -> 90.5 us).
+    constexpr int kMinSlices = kRows > 1 ? 2 : 4;
     lanes = std::max(lanes, Decoder<T>::kSlices);
-    while (lanes < kTeam && lanes * 8 <= blocks * Decoder<T>::kSlices) lanes *= 2;
+    while (lanes < kTeam && 2 * lanes * kMinSlices <= blocks * Decoder<T>::kSlices) lanes *= 2;
   }
   // Rows wider than kTwoTeamCols take two teams, which doubles the thread blocks of a product with few such
   // rows (the 8B's down projection: 4096 rows of 14336, 1.3 waves of thread blocks with one team a row, whose
@@ -312,7 +319,7 @@ int lanes_per_row(int64_t cols) {
 template <TensorType T, int kMaxBatch, bool kChunks, int kRows>
 void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch,
             bool accumulate, gpuStream_t stream) {
-  const int lanes = lanes_per_row<T, kChunks>(cols);
+  const int lanes = lanes_per_row<T, kChunks, kRows>(cols);
   // Staged activations: levels and scales (quantized weights) or f32 values, whole 16-byte pieces.
   const int64_t stage_bytes = kReadsQuantizedActivations<T> && x.q
                                   ? batch * cols + batch * cols / kActivationBlock * 8
@@ -351,7 +358,7 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
         static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
         int64_t rows = 0;
         for (const MatvecSegment& segment : segments) rows += segment.rows;
-        if (rows / rows_of_block(lanes_per_row<T, true>(cols), 4) >= 2 * multiprocessors) {
+        if (rows / rows_of_block(lanes_per_row<T, true, 4>(cols), 4) >= 2 * multiprocessors) {
           launch<T, kMaxBatch, true, 4>(type, segments, cols, x, batch, accumulate, stream);
           return;
         }
