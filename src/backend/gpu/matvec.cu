@@ -301,9 +301,9 @@ int lanes_per_row(int64_t cols) {
     // Groups that take two rows are half as many; twice the lanes a row gives the launch its thread blocks back.
     // Measured on an H200 (bench_gpu_matvec, batch 1) for the K-quants' rows of 4096 (64 slices), where that
     // makes 32 lanes of 16: the 8B's attention output 5.43 -> 3.94 us (256 thread blocks had left half the
-    // multiprocessors' slots empty), q + k 5.61 -> 5.05, v Q6_K 3.54 -> 3.11, gate + up Q4_K 21.9 -> 21.5,
-    // Q5_K 26.2 -> 25.2; decoding the 8b Q4_K_M 422 -> 434.5 and Q5_K_M 377 -> 395 tokens/s. With one row a
-    // group (batches of 2 to 8), more lanes lost (gate + up Q4_K batch 4: 77.4 -> 90.5 us).
+    // multiprocessors' slots empty), q + k 5.61 -> 5.05, gate + up Q4_K 21.9 -> 21.5, Q5_K 26.2 -> 25.2;
+    // decoding the 8b Q4_K_M 422 -> 434.5 and Q5_K_M 377 -> 395 tokens/s. With one row a group (batches of 2
+    // to 8), more lanes lost (gate + up Q4_K batch 4: 77.4 -> 90.5 us).
     constexpr int kMinSlices = kRows > 1 ? 2 : 4;
     lanes = std::max(lanes, Decoder<T>::kSlices);
     while (lanes < kTeam && 2 * lanes * kMinSlices <= blocks * Decoder<T>::kSlices) lanes *= 2;
