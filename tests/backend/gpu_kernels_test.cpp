@@ -195,6 +195,50 @@ TEST_F(GpuKernels, MatvecCoversRoundsAndSegments) {
   }
 }
 
+// q and k in one type and v in another in one launch (the _M mixes' v): every output equals, bit for bit, what
+// a launch per type gives; at widths that go by slices (4096) and by chunks (2048, where q + k have rows enough
+// for four rows a group of lanes on a device of up to 144 multiprocessors). A pair without such a kernel
+// launches nothing.
+TEST_F(GpuKernels, MatvecTakesTwoTypesInOneLaunch) {
+  const std::pair<TensorType, TensorType> pairs[] = {{TensorType::Q4_K, TensorType::Q6_K},
+                                                     {TensorType::Q5_K, TensorType::Q6_K}};
+  for (const auto& [type, last_type] : pairs) {
+    for (const int64_t cols : {2048, 4096}) {
+      const TestMatrix q = make_matrix(type, cols == 2048 ? 8209 : 1031, cols, stream());
+      const TestMatrix k = make_matrix(type, 1021, cols, stream());
+      const TestMatrix v = make_matrix(last_type, 1021, cols, stream());
+      const std::vector<float> x = test::random_normal(static_cast<size_t>(cols), 300);
+      const DeviceBuffer x_device = to_device(x);
+      DeviceBuffer levels(x.size(), "q");
+      DeviceBuffer scales(x.size() / kActivationBlock * sizeof(ActivationScale), "scales");
+      quantize_rows(activation_blocks(type), x_device.as<float>(), 1, cols, levels.as<int8_t>(),
+                    scales.as<ActivationScale>(), nullptr, stream());
+      const ProductInput input{x_device.as<float>(), levels.as<int8_t>(), scales.as<ActivationScale>(), nullptr};
+      const auto outputs = [&](bool together) {
+        std::vector<DeviceBuffer> y;
+        for (const TestMatrix* m : {&q, &k, &v}) y.emplace_back(static_cast<size_t>(m->rows) * sizeof(float), "y");
+        const MatvecSegment first[] = {{q.view(), q.rows, y[0].as<float>()}, {k.view(), k.rows, y[1].as<float>()}};
+        const MatvecSegment last{v.view(), v.rows, y[2].as<float>()};
+        if (together) {
+          EXPECT_TRUE(matvec_two_types(type, first, last_type, last, cols, input, false, stream()));
+        } else {
+          matvec(type, first, cols, input, 1, false, stream());
+          matvec(last_type, {&last, 1}, cols, input, 1, false, stream());
+        }
+        synchronize();
+        std::vector<std::vector<float>> host;
+        for (size_t i = 0; i < y.size(); ++i) host.push_back(to_host<float>(y[i], static_cast<size_t>(y[i].bytes() / 4)));
+        return host;
+      };
+      EXPECT_EQ(outputs(true), outputs(false)) << tensor_type_name(type) << " + " << tensor_type_name(last_type)
+                                              << ", " << cols << " columns";
+    }
+  }
+  const TestMatrix m = make_matrix(TensorType::Q8_0, 64, 256, stream());
+  const MatvecSegment segment{m.view(), m.rows, nullptr};
+  EXPECT_FALSE(matvec_two_types(TensorType::Q8_0, {&segment, 1}, TensorType::Q6_K, segment, 256, {}, false, stream()));
+}
+
 TEST_P(GpuWeightTypes, DequantizeAndEmbedMatchCpu) {
   const TensorType type = GetParam();
   // Rows 2 .. 10 of 2048 values: several thread blocks' tiles for every type, the last one partial.

@@ -70,6 +70,14 @@ constexpr int kMaxMatvecSegments = 3;
 void matvec(TensorType type, std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch,
             bool accumulate, gpuStream_t stream);
 
+// For one activation row: the matrices of `segments` (of `type`) and then `last` (of `last_type`) in one launch,
+// each computed as its own launch would compute it, where a kernel takes that pair of types: the v projection
+// of the _M mixes (Q6_K) after their Q4_K or Q5_K q and k, which saves a launch in half their layers. Returns
+// false, launching nothing, for other pairs.
+bool matvec_two_types(TensorType type, std::span<const MatvecSegment> segments, TensorType last_type,
+                      const MatvecSegment& last, int64_t cols, const ProductInput& x, bool accumulate,
+                      gpuStream_t stream);
+
 // Rows first_row .. first_row + n_rows of a weight as f16, row after row (the tile of a GEMM).
 void dequantize_to_f16(TensorType type, const WeightView& weight, int64_t cols, int64_t first_row, int64_t n_rows,
                        uint16_t* out, gpuStream_t stream);

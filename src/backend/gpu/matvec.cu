@@ -30,6 +30,11 @@
 // rows lost with two rows a group (gate + up 61 -> 82 us: the f32 activations are not what limits them). By
 // chunks, a group takes four rows where the launch still has thread blocks enough (launch() below).
 //
+// Where q and k have one type and v another (the _M mixes give v Q6_K in half the layers), one launch takes
+// all three (matvec_two_types): v's thread blocks run the Q6_K code, the others the code of q and k, each as
+// its own launch would, which saves a launch boundary (H200, decoding 1b Q4_K_M 1574-1584 -> 1607-1616, 8b
+// 434-435 -> 440 tokens/s).
+//
 // Bytes per token: every weight byte once (plus its share of header bytes), the activations once per team
 // from cache. Nothing is written but one float per row and batch row.
 #include <algorithm>
@@ -170,27 +175,55 @@ struct Segments {
   unsigned first_block[kMaxMatvecSegments + 1];
 };
 
-// kChunks: by chunks (ChunkDecoder), else by slices (Decoder). kRows: output rows per group of lanes (more
-// than one only for one activation row of quantized weights). row_bytes: payload bytes per row.
-template <TensorType T, int kMaxBatch, bool kChunks, int kRows>
-__global__ void __launch_bounds__(kThreads, kMaxBatch * kRows == 1 ? 6 : 4)
-    matvec_kernel(Segments segments, int64_t cols, uint32_t row_bytes, ProductInput input, int batch, int lanes,
-                  bool staged, bool accumulate) {
-  using D = Decoder<T>;
-  start_successor();
-  // Selected field by field, without indexing by a run-time value, which would move the parameters to local
-  // memory.
+// The segment of this thread block, and its first thread block. Selected field by field, without indexing by a
+// run-time value, which would move the parameters to local memory.
+struct BlockSegment {
+  MatvecSegment segment;
+  unsigned first_block;
+};
+__device__ __forceinline__ BlockSegment block_segment(const Segments& segments) {
   const bool second = blockIdx.x >= segments.first_block[1];
   const bool third = blockIdx.x >= segments.first_block[2];
   const auto pick = [&](const auto& a, const auto& b, const auto& c) { return third ? c : second ? b : a; };
-  const MatvecSegment segment{
-      {pick(segments.segment[0].weight.blocks, segments.segment[1].weight.blocks, segments.segment[2].weight.blocks),
-       pick(segments.segment[0].weight.scales, segments.segment[1].weight.scales, segments.segment[2].weight.scales)},
-      pick(segments.segment[0].rows, segments.segment[1].rows, segments.segment[2].rows),
-      pick(segments.segment[0].y, segments.segment[1].y, segments.segment[2].y)};
-  const unsigned first_block = pick(0u, segments.first_block[1], segments.first_block[2]);
+  return {{{pick(segments.segment[0].weight.blocks, segments.segment[1].weight.blocks,
+                 segments.segment[2].weight.blocks),
+            pick(segments.segment[0].weight.scales, segments.segment[1].weight.scales,
+                 segments.segment[2].weight.scales)},
+           pick(segments.segment[0].rows, segments.segment[1].rows, segments.segment[2].rows),
+           pick(segments.segment[0].y, segments.segment[1].y, segments.segment[2].y)},
+          pick(0u, segments.first_block[1], segments.first_block[2])};
+}
+
+// How a launch computes one weight type's rows: kChunks, by chunks (ChunkDecoder), else by slices (Decoder);
+// kRows, output rows per group of lanes (more than one only for one activation row of quantized weights).
+template <TensorType T, int kMaxBatch_, bool kChunks_, int kRows_>
+struct Variant {
+  static constexpr TensorType kType = T;
+  static constexpr int kMaxBatch = kMaxBatch_;
+  static constexpr bool kChunks = kChunks_;
+  static constexpr int kRows = kRows_;
+};
+
+// What the thread blocks of one variant share: payload bytes per row, lanes per row.
+struct RowShape {
+  uint32_t row_bytes;
+  int lanes;
+};
+
+// Thread block `block_index` of `segment` (its rows from block_index * rows_of_block on), computed as variant V.
+template <typename V>
+__device__ __forceinline__ void multiply_block(const MatvecSegment& segment, int64_t block_index, int64_t cols,
+                                               RowShape shape, const ProductInput& input, int batch, bool staged,
+                                               bool accumulate) {
+  constexpr TensorType T = V::kType;
+  constexpr int kMaxBatch = V::kMaxBatch;
+  constexpr bool kChunks = V::kChunks;
+  constexpr int kRows = V::kRows;
+  using D = Decoder<T>;
+  const uint32_t row_bytes = shape.row_bytes;
+  const int lanes = shape.lanes;
   const int64_t rows_per_block = rows_of_block(lanes, kRows);
-  const int64_t block_row = static_cast<int64_t>(blockIdx.x - first_block) * rows_per_block;
+  const int64_t block_row = block_index * rows_per_block;
   const int64_t row = block_row + threadIdx.x / lanes * kRows;
   const int lane = static_cast<int>(threadIdx.x) % lanes;
   const bool valid = row < segment.rows;  // rows past the end still join the shuffles below
@@ -285,6 +318,31 @@ __global__ void __launch_bounds__(kThreads, kMaxBatch * kRows == 1 ? 6 : 4)
   }
 }
 
+// Every segment computed as variant V.
+template <typename V>
+__global__ void __launch_bounds__(kThreads, V::kMaxBatch * V::kRows == 1 ? 6 : 4)
+    matvec_kernel(Segments segments, int64_t cols, RowShape shape, ProductInput input, int batch, bool staged,
+                  bool accumulate) {
+  start_successor();
+  const BlockSegment s = block_segment(segments);
+  multiply_block<V>(s.segment, blockIdx.x - s.first_block, cols, shape, input, batch, staged, accumulate);
+}
+
+// One activation row, the last segment's matrix in a second type: its thread blocks (from last_first_block
+// on) compute it as variant Last, the others theirs as First.
+template <typename First, typename Last>
+__global__ void __launch_bounds__(kThreads, 4)
+    matvec_two_types_kernel(Segments segments, unsigned last_first_block, int64_t cols, RowShape first_shape,
+                            RowShape last_shape, ProductInput input, bool accumulate) {
+  start_successor();
+  const BlockSegment s = block_segment(segments);
+  const int64_t block = blockIdx.x - s.first_block;
+  if (blockIdx.x >= last_first_block)
+    multiply_block<Last>(s.segment, block, cols, last_shape, input, 1, false, accumulate);
+  else
+    multiply_block<First>(s.segment, block, cols, first_shape, input, 1, false, accumulate);
+}
+
 constexpr int64_t kTwoTeamCols = 8192;
 
 // Lanes per row, at least 4 and the pieces of a block, at most a team (two for the widest rows): for slices,
@@ -316,38 +374,53 @@ int lanes_per_row(int64_t cols) {
   return lanes;
 }
 
-template <TensorType T, int kMaxBatch, bool kChunks, int kRows>
-void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch,
-            bool accumulate, gpuStream_t stream) {
-  const int lanes = lanes_per_row<T, kChunks, kRows>(cols);
-  // Staged activations: levels and scales (quantized weights) or f32 values, whole 16-byte pieces.
-  const int64_t stage_bytes = kReadsQuantizedActivations<T> && x.q
-                                  ? batch * cols + batch * cols / kActivationBlock * 8
-                                  : batch * cols * 4;
-  const bool staged = batch > 1 && stage_bytes <= kMaxStagedBytes && (batch * cols) % 64 == 0;
-  const int64_t rows_per_block = rows_of_block(lanes, kRows);
-  Segments packed{};
+// Payload bytes and lanes per row of variant V.
+template <typename V>
+RowShape row_shape(int64_t cols) {
+  const int64_t blocks_per_row = cols / Decoder<V::kType>::kBlockElements;
+  return {static_cast<uint32_t>(device_layout(V::kType, static_cast<uint64_t>(blocks_per_row)).block_stride *
+                                blocks_per_row),
+          lanes_per_row<V::kType, V::kChunks, V::kRows>(cols)};
+}
+
+// Packs `segments` for a kernel: segment i takes its rows' thread blocks at rows_per_block(i) rows each, after
+// those of the segments before it. Returns the thread blocks in all.
+template <typename RowsPerBlock>
+unsigned pack(std::span<const MatvecSegment> segments, const RowsPerBlock& rows_per_block, Segments& packed) {
   unsigned blocks = 0;
   for (size_t i = 0; i < kMaxMatvecSegments; ++i) {
     packed.first_block[i] = blocks;
     if (i < segments.size()) {
       packed.segment[i] = segments[i];
-      blocks += static_cast<unsigned>((segments[i].rows + rows_per_block - 1) / rows_per_block);
+      blocks += static_cast<unsigned>((segments[i].rows + rows_per_block(i) - 1) / rows_per_block(i));
     }
   }
   packed.first_block[kMaxMatvecSegments] = blocks;
-  const int64_t blocks_per_row = cols / Decoder<T>::kBlockElements;
-  const auto row_bytes =
-      static_cast<uint32_t>(device_layout(type, static_cast<uint64_t>(blocks_per_row)).block_stride * blocks_per_row);
-  const size_t shared_bytes = staged ? static_cast<size_t>(stage_bytes) : 0;
-  launch_overlapped("matvec", matvec_kernel<T, kMaxBatch, kChunks, kRows>, blocks, kThreads, shared_bytes, stream,
-                    packed, cols, row_bytes, x, batch, lanes, staged, accumulate);
+  return blocks;
 }
 
-// By chunks where the type has a chunk decoder and the row is narrow enough for it, else by slices.
-template <TensorType T, int kMaxBatch>
-void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch,
-            bool accumulate, gpuStream_t stream) {
+template <typename V>
+void launch(std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch, bool accumulate,
+            gpuStream_t stream) {
+  const RowShape shape = row_shape<V>(cols);
+  // Staged activations: levels and scales (quantized weights) or f32 values, whole 16-byte pieces.
+  const int64_t stage_bytes = kReadsQuantizedActivations<V::kType> && x.q
+                                  ? batch * cols + batch * cols / kActivationBlock * 8
+                                  : batch * cols * 4;
+  const bool staged = batch > 1 && stage_bytes <= kMaxStagedBytes && (batch * cols) % 64 == 0;
+  const int64_t rows_per_block = rows_of_block(shape.lanes, V::kRows);
+  Segments packed{};
+  const unsigned blocks = pack(segments, [&](size_t) { return rows_per_block; }, packed);
+  const size_t shared_bytes = staged ? static_cast<size_t>(stage_bytes) : 0;
+  launch_overlapped("matvec", matvec_kernel<V>, blocks, kThreads, shared_bytes, stream, packed, cols, shape, x, batch,
+                    staged, accumulate);
+}
+
+// Calls fn.template operator()<V>() with the variant V that computes `rows` rows of T, `cols` wide, for batches
+// of up to kMaxBatch activation rows: by chunks where the type has a chunk decoder and the row is narrow enough
+// for it, else by slices.
+template <TensorType T, int kMaxBatch, typename Fn>
+void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
   if constexpr (ChunkDecoder<T>::kDefined) {
     if (cols / Decoder<T>::kBlockElements <= ChunkDecoder<T>::kMaxRowBlocks) {
       if constexpr (kMaxBatch == 1) {
@@ -356,22 +429,62 @@ void launch(TensorType type, std::span<const MatvecSegment> segments, int64_t co
         // 15.1 -> 13.5 us, output matrix 118.4 -> 112.3 us; the 1B's down, 128 thread blocks with four, 6.2 ->
         // 8.5 us).
         static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
-        int64_t rows = 0;
-        for (const MatvecSegment& segment : segments) rows += segment.rows;
         if (rows / rows_of_block(lanes_per_row<T, true, 4>(cols), 4) >= 2 * multiprocessors) {
-          launch<T, kMaxBatch, true, 4>(type, segments, cols, x, batch, accumulate, stream);
+          fn.template operator()<Variant<T, kMaxBatch, true, 4>>();
           return;
         }
       }
-      launch<T, kMaxBatch, true, kMaxBatch == 1 ? 2 : 1>(type, segments, cols, x, batch, accumulate, stream);
+      fn.template operator()<Variant<T, kMaxBatch, true, kMaxBatch == 1 ? 2 : 1>>();
       return;
     }
   }
   // One activation row of quantized weights: two output rows a group of lanes (see the top of the file). Four
   // by slices won only for some types' largest products (the 8B's down Q4_K 9.9 -> 7.7 us, gate + up Q4_0 21.4
   // -> 20.7 us) and lost elsewhere (q + k 5.6 -> 7.0 us, gate + up Q5_K 25.9 -> 29.1 us, Q8_0 35.2 -> 36.4 us).
-  launch<T, kMaxBatch, false, kMaxBatch == 1 && kReadsQuantizedActivations<T> ? 2 : 1>(type, segments, cols, x, batch,
-                                                                                       accumulate, stream);
+  fn.template operator()<Variant<T, kMaxBatch, false, kMaxBatch == 1 && kReadsQuantizedActivations<T> ? 2 : 1>>();
+}
+
+int64_t total_rows(std::span<const MatvecSegment> segments) {
+  int64_t rows = 0;
+  for (const MatvecSegment& segment : segments) rows += segment.rows;
+  return rows;
+}
+
+template <TensorType T, int kMaxBatch>
+void launch(std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch, bool accumulate,
+            gpuStream_t stream) {
+  with_variant<T, kMaxBatch>(cols, total_rows(segments),
+                             [&]<typename V>() { launch<V>(segments, cols, x, batch, accumulate, stream); });
+}
+
+// The pairs of types one launch takes (matvec_two_types): the v projection of the _M mixes, Q6_K, after their
+// Q4_K or Q5_K q and k. Both read the same 8-bit activations (Q8_K blocks).
+template <TensorType T, TensorType TLast>
+constexpr bool kOneLaunchPair =
+    TLast == TensorType::Q6_K && (T == TensorType::Q4_K || T == TensorType::Q5_K);
+
+// Each part in the variant its own launch would take, so that the results are those of two launches.
+template <TensorType T, TensorType TLast>
+void launch_two_types(std::span<const MatvecSegment> segments, const MatvecSegment& last, int64_t cols,
+                      const ProductInput& x, bool accumulate, gpuStream_t stream) {
+  with_variant<T, 1>(cols, total_rows(segments), [&]<typename First>() {
+    with_variant<TLast, 1>(cols, last.rows, [&]<typename Last>() {
+      const RowShape first_shape = row_shape<First>(cols);
+      const RowShape last_shape = row_shape<Last>(cols);
+      MatvecSegment all[kMaxMatvecSegments];
+      std::copy(segments.begin(), segments.end(), all);
+      const size_t last_index = segments.size();
+      all[last_index] = last;
+      const auto rows_per_block = [&](size_t i) {
+        return i == last_index ? rows_of_block(last_shape.lanes, Last::kRows)
+                               : rows_of_block(first_shape.lanes, First::kRows);
+      };
+      Segments packed{};
+      const unsigned blocks = pack({all, last_index + 1}, rows_per_block, packed);
+      launch_overlapped("matvec", matvec_two_types_kernel<First, Last>, blocks, kThreads, 0, stream, packed,
+                        packed.first_block[last_index], cols, first_shape, last_shape, x, accumulate);
+    });
+  });
 }
 
 }  // namespace
@@ -393,14 +506,31 @@ void matvec(TensorType type, std::span<const MatvecSegment> segments, int64_t co
   with_decoder(type, [&]<TensorType T>() {
     // Batches are rounded up to 1, 2, 4 or 8 rows of accumulators; the unused ones cost nothing but registers.
     if (batch == 1)
-      launch<T, 1>(type, segments, cols, x, batch, accumulate, stream);
+      launch<T, 1>(segments, cols, x, batch, accumulate, stream);
     else if (batch == 2)
-      launch<T, 2>(type, segments, cols, x, batch, accumulate, stream);
+      launch<T, 2>(segments, cols, x, batch, accumulate, stream);
     else if (batch <= 4)
-      launch<T, 4>(type, segments, cols, x, batch, accumulate, stream);
+      launch<T, 4>(segments, cols, x, batch, accumulate, stream);
     else
-      launch<T, kMaxMatvecBatch>(type, segments, cols, x, batch, accumulate, stream);
+      launch<T, kMaxMatvecBatch>(segments, cols, x, batch, accumulate, stream);
   });
+}
+
+bool matvec_two_types(TensorType type, std::span<const MatvecSegment> segments, TensorType last_type,
+                      const MatvecSegment& last, int64_t cols, const ProductInput& x, bool accumulate,
+                      gpuStream_t stream) {
+  if (segments.empty() || segments.size() >= kMaxMatvecSegments)
+    fail_with("matvec_two_types: 1 or 2 matrices before the last");
+  bool launched = false;
+  with_decoder(type, [&]<TensorType T>() {
+    with_decoder(last_type, [&]<TensorType TLast>() {
+      if constexpr (kOneLaunchPair<T, TLast>) {
+        launch_two_types<T, TLast>(segments, last, cols, x, accumulate, stream);
+        launched = true;
+      }
+    });
+  });
+  return launched;
 }
 
 }  // namespace rf::gpu

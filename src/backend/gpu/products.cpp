@@ -141,14 +141,24 @@ void Products::multiply(std::span<const Target> targets, ActivationRows& x, int6
     return;
   }
 #endif
-  // Runs of consecutive targets of one type share a launch.
+  // Runs of consecutive targets of one type share a launch; for one activation row, so does a last target of
+  // another type where a kernel takes the pair (matvec_two_types).
+  const auto segment_of = [](const Target& target) {
+    return MatvecSegment{target.weight.view, target.weight.rows, target.y};
+  };
   for (size_t first = 0; first < targets.size();) {
     const TensorType type = targets[first].weight.type;
     std::vector<MatvecSegment> segments;
     size_t next = first;
     for (; next < targets.size() && targets[next].weight.type == type && segments.size() < kMaxMatvecSegments; ++next)
-      segments.push_back({targets[next].weight.view, targets[next].weight.rows, targets[next].y});
+      segments.push_back(segment_of(targets[next]));
     const ProductInput input = x.input_for(targets[first].weight, n, false, stream);
+    if (n == 1 && next < targets.size() && segments.size() < kMaxMatvecSegments &&
+        matvec_two_types(type, segments, targets[next].weight.type, segment_of(targets[next]), x.cols(), input,
+                         accumulate, stream)) {
+      first = next + 1;
+      continue;
+    }
     for (int64_t row = 0; row < n; row += kMaxMatvecBatch) {
       const auto batch = static_cast<int>(std::min<int64_t>(kMaxMatvecBatch, n - row));
       ProductInput rows = input;
