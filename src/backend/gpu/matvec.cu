@@ -28,7 +28,7 @@
 // 6.4 us, the 8B's Q6_K down 17.2 -> 15.1 us and output matrix 127.4 -> 118.8 us, v 3.3 -> 3.5 us and the 1B's
 // down 6.1 -> 6.2 us (fewer thread blocks than multiprocessors; decoding the 1B 1294 -> 1433 tokens/s). F16
 // rows lost with two rows a group (gate + up 61 -> 82 us: the f32 activations are not what limits them). By
-// chunks, a group takes four rows where the launch still has thread blocks enough (launch() below).
+// chunks, a group takes four rows where the launch still has thread blocks enough (with_variant() below).
 //
 // Where q and k have one type and v another (the _M mixes give v Q6_K in half the layers), one launch takes
 // all three (matvec_two_types): v's thread blocks run the Q6_K code, the others the code of q and k, each as
