@@ -13,7 +13,7 @@
 //
 // Each thread block asks for its rows' bytes in L2 (one bulk prefetch) before it waits for the kernel before it
 // (programmatic dependent launch, device.cuh): the weights do not depend on earlier kernels, so their fetch
-// overlaps the previous kernel's tail. By chunks, each lane also issues its first round of loads before that
+// overlaps the previous kernel's tail. Only launches whose weights take at most half the L2 do so (prefetches()). By chunks, each lane also issues its first round of loads before that
 // wait (measured on an H200: the 1B's decoding 1100 -> 1162 tokens/s; the same for slices lost 3% on the 8B).
 //
 // Every lane reads activations for each slice it takes: as many bytes as the weights, times the batch (for
@@ -214,7 +214,7 @@ struct RowShape {
 template <typename V>
 __device__ __forceinline__ void multiply_block(const MatvecSegment& segment, int64_t block_index, int64_t cols,
                                                RowShape shape, const ProductInput& input, int batch, bool staged,
-                                               bool accumulate) {
+                                               bool accumulate, bool prefetch) {
   constexpr TensorType T = V::kType;
   constexpr int kMaxBatch = V::kMaxBatch;
   constexpr bool kChunks = V::kChunks;
@@ -234,8 +234,8 @@ __device__ __forceinline__ void multiply_block(const MatvecSegment& segment, int
   const auto first_weight_block = [&](int r) { return (row + r < segment.rows ? row + r : row) * blocks_per_row; };
 
   // The weights do not depend on earlier kernels: the block's rows (and their split-off scales) are asked for
-  // while the kernel before this one finishes.
-  if (threadIdx.x == 0) {
+  // while the kernel before this one finishes (where the launch asks for it: see prefetches()).
+  if (prefetch && threadIdx.x == 0) {
     const int64_t block_rows = min(rows_per_block, segment.rows - block_row);
     const auto prefetch_range = [](const void* base, int64_t begin, int64_t end) {
       const auto first = reinterpret_cast<uintptr_t>(base) + begin;
@@ -322,10 +322,10 @@ __device__ __forceinline__ void multiply_block(const MatvecSegment& segment, int
 template <typename V>
 __global__ void __launch_bounds__(kThreads, V::kMaxBatch * V::kRows == 1 ? 6 : 4)
     matvec_kernel(Segments segments, int64_t cols, RowShape shape, ProductInput input, int batch, bool staged,
-                  bool accumulate) {
+                  bool accumulate, bool prefetch) {
   start_successor();
   const BlockSegment s = block_segment(segments);
-  multiply_block<V>(s.segment, blockIdx.x - s.first_block, cols, shape, input, batch, staged, accumulate);
+  multiply_block<V>(s.segment, blockIdx.x - s.first_block, cols, shape, input, batch, staged, accumulate, prefetch);
 }
 
 // One activation row, the last segment's matrix in a second type: its thread blocks (from last_first_block
@@ -333,14 +333,14 @@ __global__ void __launch_bounds__(kThreads, V::kMaxBatch * V::kRows == 1 ? 6 : 4
 template <typename First, typename Last>
 __global__ void __launch_bounds__(kThreads, 4)
     matvec_two_types_kernel(Segments segments, unsigned last_first_block, int64_t cols, RowShape first_shape,
-                            RowShape last_shape, ProductInput input, bool accumulate) {
+                            RowShape last_shape, ProductInput input, bool accumulate, bool prefetch) {
   start_successor();
   const BlockSegment s = block_segment(segments);
   const int64_t block = blockIdx.x - s.first_block;
   if (blockIdx.x >= last_first_block)
-    multiply_block<Last>(s.segment, block, cols, last_shape, input, 1, false, accumulate);
+    multiply_block<Last>(s.segment, block, cols, last_shape, input, 1, false, accumulate, prefetch);
   else
-    multiply_block<First>(s.segment, block, cols, first_shape, input, 1, false, accumulate);
+    multiply_block<First>(s.segment, block, cols, first_shape, input, 1, false, accumulate, prefetch);
 }
 
 constexpr int64_t kTwoTeamCols = 8192;
@@ -383,6 +383,22 @@ RowShape row_shape(int64_t cols) {
           lanes_per_row<V::kType, V::kChunks, V::kRows>(cols)};
 }
 
+// Whether a launch's thread blocks ask for their rows in L2 before they wait for the kernel before them: only
+// where its weights take at most half the L2. A larger product's first wave of thread blocks covers a small
+// part of it, and its prefetches slow the small kernel before it (a norm, the attention, SwiGLU), whose chains
+// of dependent accesses then wait behind them. Measured on an H200 (50 MB of L2), decoding with prefetches in
+// every launch against in those of at most 25 MB: 8b Q4_K_M 439-441 -> 464 tokens/s, 8b F16 211.4 -> 214.5,
+// 1b Q4_K_M 1604-1606 -> 1610-1612 (its output matrix); with none at all, 1b 1584-1586 (its products are
+// single waves that the prefetches start early), 8b 464-465, 8b F16 211.3-211.7.
+// row_bytes(i) is segment i's payload bytes per row.
+template <typename RowBytes>
+bool prefetches(std::span<const MatvecSegment> segments, const RowBytes& row_bytes) {
+  static const uint64_t l2_bytes = device_info().l2_bytes;  // asks the driver: once
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < segments.size(); ++i) bytes += static_cast<uint64_t>(segments[i].rows) * row_bytes(i);
+  return bytes <= l2_bytes / 2;
+}
+
 // Packs `segments` for a kernel: segment i takes its rows' thread blocks at rows_per_block(i) rows each, after
 // those of the segments before it. Returns the thread blocks in all.
 template <typename RowsPerBlock>
@@ -413,7 +429,7 @@ void launch(std::span<const MatvecSegment> segments, int64_t cols, const Product
   const unsigned blocks = pack(segments, [&](size_t) { return rows_per_block; }, packed);
   const size_t shared_bytes = staged ? static_cast<size_t>(stage_bytes) : 0;
   launch_overlapped("matvec", matvec_kernel<V>, blocks, kThreads, shared_bytes, stream, packed, cols, shape, x, batch,
-                    staged, accumulate);
+                    staged, accumulate, prefetches(segments, [&](size_t) { return shape.row_bytes; }));
 }
 
 // Calls fn.template operator()<V>() with the variant V that computes `rows` rows of T, `cols` wide, for batches
@@ -479,10 +495,12 @@ void launch_two_types(std::span<const MatvecSegment> segments, const MatvecSegme
         return i == last_index ? rows_of_block(last_shape.lanes, Last::kRows)
                                : rows_of_block(first_shape.lanes, First::kRows);
       };
+      const auto row_bytes = [&](size_t i) { return i == last_index ? last_shape.row_bytes : first_shape.row_bytes; };
       Segments packed{};
       const unsigned blocks = pack({all, last_index + 1}, rows_per_block, packed);
       launch_overlapped("matvec", matvec_two_types_kernel<First, Last>, blocks, kThreads, 0, stream, packed,
-                        packed.first_block[last_index], cols, first_shape, last_shape, x, accumulate);
+                        packed.first_block[last_index], cols, first_shape, last_shape, x, accumulate,
+                        prefetches({all, last_index + 1}, row_bytes));
     });
   });
 }

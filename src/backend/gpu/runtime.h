@@ -122,6 +122,7 @@ struct DeviceInfo {
   int multiprocessors = 0;
   int warp_size = 0;
   uint64_t memory_bytes = 0;
+  uint64_t l2_bytes = 0;
 };
 // The current device (device 0 unless the caller selected another).
 DeviceInfo device_info();
