@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const float* x, int6
                                                             ActivationScale* scales, uint16_t* f16) {
   start_successor();
   wait_for_predecessor();
-  __shared__ float scratch[kThreads / 32];
+  __shared__ float2 scratch[kThreads / 32];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const bool active = i - threadIdx.x % kTeam < n;  // n is a multiple of the block size
   quantize_element<kBlocks>(i < n ? x[i] : 0.0f, i, active, q, scales, f16, scratch);
@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const float* gate, con
                                                           ActivationOutput out) {
   start_successor();
   wait_for_predecessor();
-  __shared__ float scratch[kThreads / 32];
+  __shared__ float2 scratch[kThreads / 32];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const bool active = i - threadIdx.x % kTeam < n;
   float value = 0.0f;

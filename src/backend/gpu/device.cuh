@@ -39,6 +39,11 @@ __device__ __forceinline__ T shuffle_xor(T value, int mask, int width) {
 #endif
 }
 
+// Both halves of a pair, exchanged alike.
+__device__ __forceinline__ float2 shuffle_xor(float2 value, int mask, int width) {
+  return {shuffle_xor(value.x, mask, width), shuffle_xor(value.y, mask, width)};
+}
+
 // The value of lane `source` among `width` consecutive lanes.
 template <typename T>
 __device__ __forceinline__ T shuffle(T value, int source, int width) {
@@ -83,8 +88,9 @@ __device__ __forceinline__ T block_sum(T value, T* scratch) {
   return block_reduce(value, scratch, [](T a, T b) { return a + b; });
 }
 
-__device__ __forceinline__ float block_max(float value, float* scratch) {
-  return block_reduce(value, scratch, [](float a, float b) { return fmaxf(a, b); });
+// The maxima of both halves of `pair` over the thread block, in the one pass of a single reduction.
+__device__ __forceinline__ float2 block_max_pair(float2 pair, float2* scratch) {
+  return block_reduce(pair, scratch, [](float2 a, float2 b) { return make_float2(fmaxf(a.x, b.x), fmaxf(a.y, b.y)); });
 }
 
 // c + the dot product of the four signed bytes of a and b.

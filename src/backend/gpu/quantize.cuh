@@ -26,10 +26,10 @@ __device__ __forceinline__ void store_level(int64_t i, int level, float d, int8_
 
 // Quantizes `value`, element i. Every thread of the block calls this for the same chunk (Q8_K reduces over
 // the whole block); for Q8_0, teams whose 32 elements lie past the end pass active = false and skip.
-// `scratch` holds kQuantizeThreads / 32 floats.
+// `scratch` holds kQuantizeThreads / 32 pairs.
 template <ActivationBlocks kBlocks>
 __device__ __forceinline__ void quantize_element(float value, int64_t i, bool active, int8_t* q,
-                                                 ActivationScale* scales, uint16_t* f16, float* scratch) {
+                                                 ActivationScale* scales, uint16_t* f16, float2* scratch) {
   if constexpr (kBlocks == ActivationBlocks::Q8_0) {
     // quant::quantize_q8_0: d = max |x| / 127 stored as f16; levels round half away from zero against the
     // unrounded d.
@@ -40,8 +40,9 @@ __device__ __forceinline__ void quantize_element(float value, int64_t i, bool ac
   } else if constexpr (kBlocks == ActivationBlocks::Q8_K) {
     // quant::quantize_q8_k_unchecked: the value of largest magnitude in 256 maps to -127; levels round half
     // to even and stop at 127.
-    const float largest = block_max(value, scratch);
-    const float smallest = -block_max(-value, scratch);
+    const float2 extremes = block_max_pair(make_float2(value, -value), scratch);
+    const float largest = extremes.x;
+    const float smallest = -extremes.y;
     const float extreme = largest >= -smallest ? largest : smallest;
     const float inverse = extreme != 0.0f ? -127.0f / extreme : 0.0f;
     const float d = extreme != 0.0f ? 1.0f / inverse : 0.0f;

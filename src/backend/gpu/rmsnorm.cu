@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kQuantizeThreads) rmsnorm_kernel(const float* 
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kQuantizeThreads + threadIdx.x;
   const float w = i < cols ? weight[i] : 0.0f;
   wait_for_predecessor();
-  __shared__ float scratch[kQuantizeThreads / 32];
+  __shared__ float2 scratch[kQuantizeThreads / 32];
   __shared__ double sum_scratch[kQuantizeThreads / 32];
   const int64_t first = static_cast<int64_t>(blockIdx.y) * cols;
   const float* row = x + first;
