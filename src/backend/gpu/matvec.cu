@@ -384,13 +384,13 @@ RowShape row_shape(int64_t cols) {
 }
 
 // Whether a launch's thread blocks ask for their rows in L2 before they wait for the kernel before them: only
-// where its weights take at most half the L2. A larger product's first wave of thread blocks covers a small
-// part of it, and its prefetches slow the small kernel before it (a norm, the attention, SwiGLU), whose chains
-// of dependent accesses then wait behind them. Measured on an H200 (50 MB of L2), decoding with prefetches in
-// every launch against in those of at most 25 MB: 8b Q4_K_M 439-441 -> 464 tokens/s, 8b F16 211.4 -> 214.5,
-// 1b Q4_K_M 1604-1606 -> 1610-1612 (its output matrix); with none at all, 1b 1584-1586 (its products are
-// single waves that the prefetches start early), 8b 464-465, 8b F16 211.3-211.7.
-// row_bytes(i) is segment i's payload bytes per row.
+// where its weights take at most half the L2. In a larger product the first wave's prefetches are a burst of
+// tens of megabytes that fills the memory system while the small kernel before it (a norm, the attention,
+// SwiGLU) works through its chains of dependent accesses. Measured on an H200 (50 MB of L2), decoding with
+// prefetches in every launch against in those of at most 25 MB: 8b Q4_K_M 439-441 -> 464 tokens/s, 1b Q4_K_M
+// 1604-1606 -> 1610-1612 (its output matrix); with none at all, 1b 1584-1586 (its products, all under 25 MB,
+// gain from starting early), 8b 464-465. docs/PERFORMANCE.md has the other bounds tried. row_bytes(i) is
+// segment i's payload bytes per row.
 template <typename RowBytes>
 bool prefetches(std::span<const MatvecSegment> segments, const RowBytes& row_bytes) {
   static const uint64_t l2_bytes = device_info().l2_bytes;  // asks the driver: once
