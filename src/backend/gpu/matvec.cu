@@ -13,8 +13,9 @@
 //
 // Each thread block asks for its rows' bytes in L2 (one bulk prefetch) before it waits for the kernel before it
 // (programmatic dependent launch, device.cuh): the weights do not depend on earlier kernels, so their fetch
-// overlaps the previous kernel's tail. Only launches whose weights take at most half the L2 do so (prefetches()). By chunks, each lane also issues its first round of loads before that
-// wait (measured on an H200: the 1B's decoding 1100 -> 1162 tokens/s; the same for slices lost 3% on the 8B).
+// overlaps the previous kernel's tail. Only launches whose weights take at most half the L2 do so
+// (prefetches()). By chunks, each lane also issues its first round of loads before that wait (measured on an
+// H200: the 1B's decoding 1100 -> 1162 tokens/s; the same for slices lost 3% on the 8B).
 //
 // Every lane reads activations for each slice it takes: as many bytes as the weights, times the batch (for
 // 4-bit weights twice as many). For batches of 2 or more, a thread block first copies the activations (up to
