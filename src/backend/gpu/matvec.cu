@@ -29,7 +29,8 @@
 // 6.4 us, the 8B's Q6_K down 17.2 -> 15.1 us and output matrix 127.4 -> 118.8 us, v 3.3 -> 3.5 us and the 1B's
 // down 6.1 -> 6.2 us (fewer thread blocks than multiprocessors; decoding the 1B 1294 -> 1433 tokens/s). F16
 // rows lost with two rows a group (gate + up 61 -> 82 us: the f32 activations are not what limits them). By
-// chunks, a group takes four rows where the launch still has thread blocks enough (with_variant() below).
+// chunks, a group takes four rows where the launch still has thread blocks enough, and by slices where a row
+// takes two teams (with_variant() below).
 //
 // Where q and k have one type and v another (the _M mixes give v Q6_K in half the layers), one launch takes
 // all three (matvec_two_types): v's thread blocks run the Q6_K code, the others the code of q and k, each as
@@ -455,9 +456,18 @@ void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
       return;
     }
   }
-  // One activation row of quantized weights: two output rows a group of lanes (see the top of the file). Four
-  // by slices won only for some types' largest products (the 8B's down Q4_K 9.9 -> 7.7 us, gate + up Q4_0 21.4
-  // -> 20.7 us) and lost elsewhere (q + k 5.6 -> 7.0 us, gate + up Q5_K 25.9 -> 29.1 us, Q8_0 35.2 -> 36.4 us).
+  // One activation row of quantized weights: two output rows a group of lanes (see the top of the file), four
+  // where a row takes two teams (wider than kTwoTeamCols: the 8B's down projection). Four by slices lost
+  // elsewhere (q + k 5.6 -> 7.0 us, gate + up Q5_K 25.9 -> 29.1 us, Q8_0 35.2 -> 36.4 us). Measured on an
+  // H200, decoding with four for the widest rows against two: 8b Q4_K_M 465.1-466.0 -> 467.3-468.7 tokens/s,
+  // 8b Q4_0 446.1-447.6 -> 454.9-456.8, 8b Q5_K_M 423.6-424.1 -> 423.3-423.4 (before the large products
+  // stopped prefetching, prefetches(), the same rule had lost: 8b Q4_K_M 401.6 -> 399.0).
+  if constexpr (kMaxBatch == 1 && kReadsQuantizedActivations<T>) {
+    if (cols > kTwoTeamCols) {
+      fn.template operator()<Variant<T, 1, false, 4>>();
+      return;
+    }
+  }
   fn.template operator()<Variant<T, kMaxBatch, false, kMaxBatch == 1 && kReadsQuantizedActivations<T> ? 2 : 1>>();
 }
 
