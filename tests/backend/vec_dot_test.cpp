@@ -194,6 +194,41 @@ TEST(VecDotFormats, FloatRowsOfAnyLength) {
     for (int64_t n : {1, 7, 172, 333}) check_type(type, n, static_cast<uint32_t>(n));
 }
 
+// The SIMD Q8_K quantization writes quant::quantize_q8_k's bytes: on random rows at several scales, and on the
+// blocks where the choice of scale has edge cases (all zero, a largest magnitude of both signs, a negative
+// extreme, values that round half-way).
+TEST(VecDotFormats, SimdQ8KQuantizationMatchesQuant) {
+  const QuantizeFn simd = x86_q8_k_quantizer();
+  if (!simd) GTEST_SKIP() << "no SIMD Q8_K quantization in this build";
+  constexpr int64_t kBlock = quant::kSuperBlock;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> x;
+  for (const float scale : {1e-3f, 1.0f, 300.0f})
+    for (int b = 0; b < 4; ++b)
+      for (int e = 0; e < kBlock; ++e) x.push_back(scale * normal(rng));
+  const auto add_block = [&](auto value_of) {
+    for (int e = 0; e < kBlock; ++e) x.push_back(value_of(e));
+  };
+  add_block([](int) { return 0.0f; });
+  add_block([](int e) { return e == 17 ? -2.0f : e == 200 ? 2.0f : 0.5f; });   // tie, negative first
+  add_block([](int e) { return e == 17 ? 2.0f : e == 200 ? -2.0f : -0.5f; });  // tie, positive first
+  add_block([](int e) { return e == 100 ? -3.0f : 1.0f; });                    // negative extreme
+  // A tie again (-4 first), and levels half-way between integers: iscale = 31.75, so 2 -> 63.5.
+  add_block([](int e) { return static_cast<float>(e % 9) - 4.0f + (e == 5 ? 0.5f : 0.0f); });
+  add_block([](int e) { return e % 2 ? 127.0f : -127.0f; });
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint8_t> expected(row_bytes(TensorType::Q8_K, n)), got(expected.size());
+  quant::quantize_q8_k(x.data(), expected.data(), n);
+  simd(x.data(), got.data(), n);
+  for (int64_t b = 0; b < n / kBlock; ++b) {
+    const size_t offset = static_cast<size_t>(b) * sizeof(quant::BlockQ8_K);
+    EXPECT_TRUE(std::equal(got.begin() + offset, got.begin() + offset + sizeof(quant::BlockQ8_K),
+                           expected.begin() + offset))
+        << "block " << b;
+  }
+}
+
 TEST(VecDotFormats, PartialActivationBlocksAreErrors) {
   std::vector<float> x(300, 1.0f);
   std::vector<uint8_t> out(4096);

@@ -56,10 +56,15 @@ void add_scaled(float* out, float weight, const uint16_t* v, int64_t n) {
 }  // namespace
 
 void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float eps) {
-  double sum_of_squares = 0.0;  // llama.cpp sums in double too; rows are short, so it costs nothing
-  for (int64_t i = 0; i < n; ++i) sum_of_squares += static_cast<double>(x[i]) * x[i];
+  // In double, as llama.cpp sums; four partial sums, so that the additions do not wait on each other.
+  double partial[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) partial[k] += static_cast<double>(x[i + k]) * x[i + k];
+  for (; i < n; ++i) partial[0] += static_cast<double>(x[i]) * x[i];
+  const double sum_of_squares = (partial[0] + partial[1]) + (partial[2] + partial[3]);
   const float scale = 1.0f / std::sqrt(static_cast<float>(sum_of_squares / static_cast<double>(n)) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+  for (i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
 void softmax(float* x, int64_t n) {
@@ -73,8 +78,41 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inverse;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// e^x to about 2 ulp for x in [-87.3, 88.3], where 2^n below is a normal float; infinity above, 0 below (a float
+// ends at e^88.7 anyway): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor polynomial of degree 6, 2^n
+// put into the exponent bits.
+__m256 exp256(__m256 input) {
+  const __m256 x = _mm256_min_ps(_mm256_max_ps(input, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // ln 2 in two parts, so that n * ln2_high is exact.
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i two_to_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(two_to_n));
+  const __m256 overflow = _mm256_cmp_ps(input, _mm256_set1_ps(88.3f), _CMP_GT_OQ);
+  const __m256 underflow = _mm256_cmp_ps(input, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+  return _mm256_andnot_ps(underflow, _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), overflow));
+}
+#endif
+
+// Eight values at a time where the CPU has AVX2 (its e^x within a few ulp of std::exp's): with std::exp, an
+// 8192-wide row took 20 us of each decoded layer, while the other threads waited.
 void swiglu(float* gate, const float* up, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
 void add(float* x, const float* y, int64_t n) {

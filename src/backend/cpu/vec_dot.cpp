@@ -2,6 +2,7 @@
 
 #include <array>
 
+#include "quant/blocks.h"
 #include "quant/quant.h"
 #include "util/error.h"
 
@@ -69,8 +70,11 @@ size_t activation_bytes(TensorType weight_type, int64_t n) {
 
 void quantize_activation(TensorType weight_type, const float* x, void* dst, int64_t n) {
   const TensorType type = activation_type(weight_type);
-  if (type == TensorType::Q8_K)
-    quant::quantize_q8_k(x, dst, n);
+  static const QuantizeFn q8_k_simd = x86_q8_k_quantizer();
+  if (type == TensorType::Q8_K && q8_k_simd && n % quant::kSuperBlock == 0)
+    q8_k_simd(x, dst, n);
+  else if (type == TensorType::Q8_K)
+    quant::quantize_q8_k(x, dst, n);  // also the error for a partial block
   else
     quant::quantize(type, x, dst, 1, n);
 }

@@ -61,5 +61,9 @@ struct NamedKernel {
   const char* name;
 };
 NamedKernel x86_vec_dot_kernel(TensorType weight_type);
+// Activation quantization: f32 values -> blocks, for a count of whole blocks. x86_q8_k_quantizer is the AVX2
+// form of quant::quantize_q8_k (the same bytes), nullptr in a build without AVX2.
+using QuantizeFn = void (*)(const float* x, void* dst, int64_t n);
+QuantizeFn x86_q8_k_quantizer();
 
 }  // namespace rf::cpu
