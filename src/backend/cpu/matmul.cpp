@@ -68,12 +68,13 @@ void multiply_vector(const Product& product, const uint8_t* activation, int64_t 
   const int64_t piece_cols = w.cols % kDecodePieceCols == 0 ? kDecodePieceCols : w.cols;
   const size_t piece_bytes = row_bytes(w.type, piece_cols);
   const size_t piece_activation_bytes = activation_bytes(w.type, piece_cols);
+  const VecDotFn dot = vec_dot_kernel(w.type);
   for (int64_t i = 0; i < stream_rows; ++i) {
     for (int64_t r = first + i; r < last; r += stream_rows) product.out[r] = 0;
     for (int64_t c = 0; c < w.cols / piece_cols; ++c)
       for (int64_t r = first + i; r < last; r += stream_rows)
-        product.out[r] += vec_dot(w.type, w.data + r * w.row_bytes + c * piece_bytes,
-                                  activation + c * piece_activation_bytes, piece_cols);
+        product.out[r] += dot(w.data + r * w.row_bytes + c * piece_bytes, activation + c * piece_activation_bytes,
+                              piece_cols);
   }
 }
 

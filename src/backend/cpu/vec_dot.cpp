@@ -83,6 +83,8 @@ float vec_dot(TensorType weight_type, const void* weight_row, const void* activa
   return entry(weight_type).kernel(weight_row, activation, n);
 }
 
+VecDotFn vec_dot_kernel(TensorType weight_type) { return entry(weight_type).kernel; }
+
 void vec_dot_rows(TensorType weight_type, const void* weight_row, const void* activations, size_t activation_stride,
                   int64_t count, int64_t n, float* out, int64_t out_stride) {
   const Entry& e = entry(weight_type);

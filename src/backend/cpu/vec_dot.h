@@ -53,6 +53,9 @@ using VecDotRowsFn = void (*)(const void* weight_row, const void* activations, s
 // The tile form: the arguments of vec_dot_tile after the weight type.
 using VecDotTileFn = void (*)(const void* weight_rows, size_t weight_row_bytes, const void* activations,
                               size_t activation_stride, int64_t count, int64_t n, float* out, int64_t out_stride);
+// The kernel vec_dot calls for a type, for a caller making many calls of one type (decoding calls it for
+// every piece of every row): one lookup instead of one a call. Throws for unsupported types.
+VecDotFn vec_dot_kernel(TensorType weight_type);
 VecDotFn portable_vec_dot_kernel(TensorType weight_type);
 struct NamedKernel {
   VecDotFn kernel;
