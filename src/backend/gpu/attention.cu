@@ -95,16 +95,17 @@ int64_t quantization_block(ActivationBlocks blocks) {
 }
 
 // Adds this thread block to the arrivals at `counter`; true in every thread of the block that arrives last
-// of `arrivals`, which also sets the counter back to zero for the next launch. The fences make the partial
-// results written before the arrival visible to the last block's reads after it.
+// of `arrivals`, which also sets the counter back to zero for the next launch. The barrier orders the block's
+// partial results before its first thread's arrival, whose release makes them visible to the last block and
+// whose acquire (in the last block) makes the others' visible to it, the barrier after passing that on to the
+// block's threads. One acquire-release atomic instead of a fence in every thread before the barrier and one
+// after the atomic: H200, decoding (-p 0), 1b 1609-1613 -> 1620-1623, 8b 469.0-469.5 -> 470.3-471.3 tokens/s.
 __device__ bool arrive_last(unsigned* counter, unsigned arrivals) {
   __shared__ bool last;
-  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    last = atomicAdd(counter, 1u) == arrivals - 1;
+    last = fetch_add_acq_rel(counter, 1u) == arrivals - 1;
     if (last) *counter = 0;
-    __threadfence();
   }
   __syncthreads();
   return last;

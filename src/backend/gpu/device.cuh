@@ -54,6 +54,17 @@ __device__ __forceinline__ T shuffle(T value, int source, int width) {
 #endif
 }
 
+// *counter += value at device scope, with acquire and release order; returns the value before.
+__device__ __forceinline__ unsigned fetch_add_acq_rel(unsigned* counter, unsigned value) {
+#if defined(ROCMFORGE_GPU_HIP)
+  return __hip_atomic_fetch_add(counter, value, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  unsigned before;
+  asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], %2;" : "=r"(before) : "l"(counter), "r"(value) : "memory");
+  return before;
+#endif
+}
+
 // Sum and maximum over a team of 32 lanes; every lane of the team gets the result.
 __device__ __forceinline__ float team_sum(float value) {
 #pragma unroll
