@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#if defined(__F16C__) && defined(__FMA__)
+#if (defined(__F16C__) || defined(__AVX2__)) && defined(__FMA__)
 #include <immintrin.h>
 #endif
 
