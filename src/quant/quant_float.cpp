@@ -10,9 +10,18 @@
 
 namespace rf::quant {
 
-void dequantize_f32(const void* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+namespace {
 
-void quantize_f32(const float* src, void* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+// An empty tensor's data may be a null pointer, which memcpy must not get even for 0 bytes (found by fuzz_gguf).
+void copy_floats(void* dst, const void* src, int64_t n) {
+  if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+}  // namespace
+
+void dequantize_f32(const void* src, float* dst, int64_t n) { copy_floats(dst, src, n); }
+
+void quantize_f32(const float* src, void* dst, int64_t n) { copy_floats(dst, src, n); }
 
 void dequantize_f16(const void* src, float* dst, int64_t n) {
   const auto* h = static_cast<const uint16_t*>(src);

@@ -69,6 +69,15 @@ TEST(Quant, PartialBlocksAreErrors) {
 
 // ---- hand-built blocks ----------------------------------------------------------------------------------------
 
+// An empty tensor (a GGUF may hold one) has no bytes, and its data pointer may be null: converting it does
+// nothing (fuzz_gguf found memcpy called with null pointers; the sanitizer build checks this test).
+TEST(Quant, EmptyRowsWithNullDataDoNothing) {
+  for (const TensorType type : quant::supported_types()) {
+    quant::dequantize(type, nullptr, nullptr, 0);
+    quant::quantize(type, nullptr, nullptr, 0, 0);
+  }
+}
+
 TEST(Quant, Q8_0Block) {
   BlockQ8_0 block;
   block.d = fp32_to_fp16(0.5f);
