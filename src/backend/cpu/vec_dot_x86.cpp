@@ -45,14 +45,24 @@ constexpr const char* kKernelName = "avx2";
 
 float half(uint16_t h) { return _cvtsh_ss(h); }
 
-float horizontal_sum(__m128 v) {
-  const __m128 sum2 = _mm_add_ps(v, _mm_movehl_ps(v, v));
-  return _mm_cvtss_f32(_mm_add_ss(sum2, _mm_movehdup_ps(sum2)));
+// The lanes of v folded by `op` (a lane-wise add, max or min), as one float.
+template <typename Op>
+float horizontal(__m128 v, Op op) {
+  const __m128 pairs = op(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(op(pairs, _mm_movehdup_ps(pairs)));
 }
 
-float horizontal_sum(__m256 v) {
-  return horizontal_sum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+template <typename Op>
+float horizontal(__m256 v, Op op) {
+  return horizontal(op(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)), op);
 }
+
+constexpr auto kAdd = [](__m128 a, __m128 b) { return _mm_add_ps(a, b); };
+constexpr auto kMax = [](__m128 a, __m128 b) { return _mm_max_ps(a, b); };
+constexpr auto kMin = [](__m128 a, __m128 b) { return _mm_min_ps(a, b); };
+
+float horizontal_sum(__m128 v) { return horizontal(v, kAdd); }
+float horizontal_sum(__m256 v) { return horizontal(v, kAdd); }
 
 __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
@@ -702,15 +712,6 @@ float dot_iq4_xs(const void* w, const void* a, int64_t n) {
 
 // ---- activations -------------------------------------------------------------------------------------------
 
-// The largest (Max) or smallest of the 8 lanes.
-template <bool Max>
-float horizontal_extreme(__m256 v) {
-  const auto op = [](__m128 a, __m128 b) { return Max ? _mm_max_ps(a, b) : _mm_min_ps(a, b); };
-  __m128 m = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = op(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(op(m, _mm_movehdup_ps(m)));
-}
-
 // The 8 sums of g[0..7], each a vector of 8 int32 (hadd pairs neighbours within 128-bit halves).
 __m256i horizontal_sums(const __m256i (&g)[8]) {
   const __m256i s0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(g[0], g[1]), _mm256_hadd_epi32(g[2], g[3]));
@@ -733,7 +734,7 @@ void quantize_q8_k(const float* x, void* dst, int64_t n) {
       high = _mm256_max_ps(high, v);
       low = _mm256_min_ps(low, v);
     }
-    const float max = horizontal_extreme<true>(high), min = horizontal_extreme<false>(low);
+    const float max = horizontal(high, kMax), min = horizontal(low, kMin);
     if (max == 0 && min == 0) {
       std::memset(&block, 0, sizeof(block));
       continue;
