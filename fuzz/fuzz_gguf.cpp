@@ -1,6 +1,7 @@
 // Fuzzes the GGUF parser with arbitrary bytes, then touches everything a valid parse promises: every value
 // through its accessors and the first and last byte of every tensor, and dequantizes the first row of each
-// tensor of a supported type. Only FormatError/Error may escape the parser; anything else is a finding.
+// tensor of a supported type that has one. Only FormatError/Error may escape the parser; anything else is a
+// finding.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -46,7 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const auto& info : file->tensors()) {
     const auto bytes = file->tensor_data(info);
     if (!bytes.empty()) g_sink = bytes.front() ^ bytes.back();
-    if (!rf::quant::is_supported(info.type()) || info.ne[0] > 4096) continue;
+    // A tensor of no rows (a zero in its shape) has no bytes and no first row to read.
+    if (!rf::quant::is_supported(info.type()) || info.ne[0] > 4096 || info.rows() == 0) continue;
     row.resize(info.ne[0]);
     rf::quant::dequantize(info.type(), bytes.data(), row.data(), static_cast<int64_t>(info.ne[0]));
   }
