@@ -536,10 +536,12 @@ class AttentionCheck {
 constexpr int64_t kLongContext = 16384;
 
 // Decoding at the first position, inside the first chunk, past it, and at the end of a long context: all on
-// one partials buffer, as the replays of a captured step are.
+// one partials buffer, as the replays of a captured step are. Between them, the last position that one thread
+// block of a kv head takes alone and the first past it, for heads of 64 values that 3 or 4 query heads share
+// (four chunks: attention.cu, lone_chunks()).
 void check_decoding(const model::ModelConfig& c, gpuStream_t stream) {
   const AttentionCheck check(c, kLongContext, stream);
-  for (const int64_t position : {int64_t{0}, int64_t{5}, int64_t{300}, kLongContext - 1}) {
+  for (const int64_t position : {int64_t{0}, int64_t{5}, int64_t{127}, int64_t{128}, int64_t{300}, kLongContext - 1}) {
     check.run(position, 1);
     if (::testing::Test::HasFatalFailure()) return;
   }

@@ -15,7 +15,9 @@
 // output rows together with their 8-bit form for the o-projection, which would otherwise take a combine
 // kernel and a quantization kernel of their own. A combine group is the fewest consecutive kv heads whose
 // query heads fill whole quantization blocks (usually one), so that every block is quantized by the one thread
-// block that holds all its values.
+// block that holds all its values. Where a combine group is one kv head and the context still short (up to a few
+// chunks: lone_chunks()), the first thread block of each kv head takes every chunk and writes the output itself,
+// and the others end at once.
 //
 // Prompts (several query tokens): flash-attention style. A team of 32 lanes owns one (token, head), keeps
 // the query in shared memory and the output accumulator in registers (lane l has dimensions l, l + 32, ...)
@@ -162,6 +164,22 @@ struct DecodeSplit {
   static_assert(kAttentionChunk % kScoringTeams == 0 && kPositionsPerTeam % kBatch == 0);
 };
 
+// Chunks that block 0 of a kv head takes alone while the context has no more (0: never), writing the output
+// itself: no partial results, no arrival, no combining block. Alone, its teams scan the chunks one after another,
+// a round of loads for every kBatch positions, which up to kLoneRounds rounds costs less than what it saves.
+// Measured on an H200, decoding tg128 (-p 0) against no lone block, three rounds: 1b Q4_K_M 1626-1630 -> 1637-1649,
+// 8b 470.6-471.3 -> 473.8-474.8 tokens/s; 2 rounds gained less (1b 1628-1634, 8b 472.5-472.7), 6 no more (1b
+// 1639-1646, 8b 473.6-474.3), 8 gained less on the 8b (469-471 against 472-474 for 4). Copying the chunks to
+// shared memory (64 KB) before the wait for the projections, instead of asking for them in L2, lost on the 8b
+// (466-469 against 468-471 without a lone block). Only where a kv head's query heads fill whole quantization
+// blocks (kv_heads_per_combine 1).
+constexpr int kLoneRounds = 4;
+template <int kValues>
+int64_t lone_chunks(int64_t kv_heads_per_combine) {
+  using Split = DecodeSplit<kValues>;
+  return kv_heads_per_combine == 1 ? kLoneRounds * Split::kBatch / Split::kPositionsPerTeam : 0;
+}
+
 // A lane's values of one cache row as f16 pairs (zero past the head).
 template <int kValues>
 struct RowPart {
@@ -226,13 +244,23 @@ __device__ __forceinline__ void combine_partials(const float* group_partials, in
   for (int i = 0; i < kValues; ++i) value[i] /= total[i];
 }
 
+// Output value i of the `outputs` from `first` on, and its share of their 8-bit form: every thread of the block
+// calls this for the same kDecodeThreads consecutive values (quantize_element).
+template <ActivationBlocks kBlocks>
+__device__ __forceinline__ void store_output(float value, int64_t first, int i, int outputs, const ActivationOutput& out,
+                                             float2* scratch) {
+  if (i < outputs) out.f32[first + i] = value;
+  const bool active = i - static_cast<int>(threadIdx.x) % kTeam < outputs;  // whole teams: whole blocks
+  quantize_element<kBlocks>(value, first + i, active, out.q, out.scales, out.f16, scratch);
+}
+
 // Grid: (thread blocks per kv head, kv heads). `arrivals`: one counter per combine group of
 // kv_heads_per_combine kv heads.
 template <ActivationBlocks kBlocks, int kValues>
 __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     AttentionShape shape, const float* q, const float* k, const float* v, const float* cos_sin, uint16_t* keys,
-    uint16_t* values, const int32_t* step, float scale, int64_t kv_heads_per_combine, float* partials,
-    unsigned* arrivals, ActivationOutput out) {
+    uint16_t* values, const int32_t* step, float scale, int64_t kv_heads_per_combine, int64_t lone_chunks,
+    float* partials, unsigned* arrivals, ActivationOutput out) {
   using Split = DecodeSplit<kValues>;
   start_successor();
   extern __shared__ float dynamic_shared[];
@@ -252,10 +280,17 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   const int64_t positions = step[0] + 1;
   const int64_t newest = positions - 1;
   const int64_t chunks = (positions + kAttentionChunk - 1) / kAttentionChunk;
+  // A short context: block 0 of the kv head takes every chunk and writes the output itself (see lone_chunks()).
+  const bool lone = chunks <= lone_chunks;
+  if (lone && block != 0) return;
+  // The block's chunks: block, block + blocks, ..., or alone all of them.
+  const int64_t first_chunk = lone ? 0 : block;
+  const int64_t chunk_step = lone ? 1 : blocks;
   if (head_dim % 8 == 0) {
-    const int64_t rows = 2 * kAttentionChunk * ((chunks - block + blocks - 1) / blocks);  // keys and values
+    const int64_t rows = 2 * kAttentionChunk * ((chunks - first_chunk + chunk_step - 1) / chunk_step);  // keys, values
     for (int64_t i = threadIdx.x; i < rows; i += kDecodeThreads) {
-      const int64_t position = (block + i / (2 * kAttentionChunk) * blocks) * kAttentionChunk + i / 2 % kAttentionChunk;
+      const int64_t position =
+          (first_chunk + i / (2 * kAttentionChunk) * chunk_step) * kAttentionChunk + i / 2 % kAttentionChunk;
       const uint16_t* cache = i % 2 == 0 ? keys : values;
       if (position < newest)
         prefetch_to_l2(cache + position * kv_dim + kv_head * head_dim, static_cast<uint32_t>(head_dim * 2));
@@ -264,17 +299,17 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   wait_for_predecessor();
   const int64_t stride = head_dim + 2;  // floats of one partial result
 
-  if (block < chunks) {
-    // Shared memory: the scoring teams' softmaxes for the merge, then the group's queries.
-    float* merged_acc = dynamic_shared;                                   // [team][value][lane]
-    float* maxima = merged_acc + Split::kScoringTeams * kValues * kTeam;  // [team][lane]
-    float* sums = maxima + Split::kScoringTeams * kTeam;                  // [team][lane]
-    float* queries = dynamic_shared + Split::kMergeFloats;                // [group][head_dim]
+  // Shared memory: the scoring teams' softmaxes for the merge, then the group's queries (alone, then its output).
+  float* merged_acc = dynamic_shared;                                   // [team][value][lane]
+  float* maxima = merged_acc + Split::kScoringTeams * kValues * kTeam;  // [team][lane]
+  float* sums = maxima + Split::kScoringTeams * kTeam;                  // [team][lane]
+  float* queries = dynamic_shared + Split::kMergeFloats;                // [group][head_dim]
+  if (first_chunk < chunks) {
     // The group's queries, rotated and scaled. The block whose chunks include the newest position also puts its
     // key (rotated) and value into the cache, where its scoring reads them; no other block reads that row.
     for (int i = static_cast<int>(threadIdx.x); i < group * head_dim; i += kDecodeThreads)
       queries[i] = rotated(q + (kv_head * group + i / head_dim) * head_dim, i % head_dim, shape, cos_sin) * scale;
-    if (block == (chunks - 1) % blocks) {
+    if (lone || block == (chunks - 1) % blocks) {
       for (int d = static_cast<int>(threadIdx.x); d < head_dim; d += kDecodeThreads) {
         const int64_t offset = kv_head * head_dim + d;
         keys[newest * kv_dim + offset] = float_to_half(rotated(k + kv_head * head_dim, d, shape, cos_sin));
@@ -294,7 +329,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
       }
       float maximum = -INFINITY, sum = 0.0f;
       float acc[kValues] = {};
-      for (int64_t chunk = block; chunk < chunks; chunk += blocks) {
+      for (int64_t chunk = first_chunk; chunk < chunks; chunk += chunk_step) {
         for (int first = 0; first < Split::kPositionsPerTeam; first += Split::kBatch) {
           const int64_t position = chunk * kAttentionChunk + team * Split::kPositionsPerTeam + first;
           if (position >= positions) break;  // the team's (and its later batches') positions are all past the end
@@ -373,6 +408,10 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
         value += merged_acc[(t * kValues + i) * kTeam + value_lane] * factor;
         total += sums[t * kTeam + value_lane] * factor;
       }
+      if (lone) {
+        queries[owner.slot * head_dim + d] = value / total;
+        continue;
+      }
       float* partial = partials + ((kv_head * group + owner.slot) * blocks + block) * stride;
       partial[d] = value;
       if (d == 0) {
@@ -380,6 +419,16 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
         partial[head_dim + 1] = total;
       }
     }
+  }
+
+  if (lone) {
+    __syncthreads();
+    const int outputs = group * head_dim;  // whole quantization blocks
+    for (int base = 0; base < outputs; base += kDecodeThreads) {
+      const int i = base + static_cast<int>(threadIdx.x);
+      store_output<kBlocks>(i < outputs ? queries[i] : 0.0f, kv_head * outputs, i, outputs, out, scratch);
+    }
+    return;
   }
 
   const int64_t combine_group = kv_head / kv_heads_per_combine;
@@ -401,12 +450,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
       combine_partials<2>(group_partials, blocks, used, head_dim, {e, within(e + kDecodeThreads)}, value);
     else
       combine_partials<1>(group_partials, blocks, used, head_dim, {within(e)}, value);
-    for (int round = 0; round < (two ? 2 : 1); ++round) {
-      const int i = e + round * kDecodeThreads;
-      if (i < outputs) out.f32[first + i] = value[round];
-      const bool active = i - static_cast<int>(threadIdx.x) % kTeam < outputs;  // whole teams: whole blocks
-      quantize_element<kBlocks>(value[round], first + i, active, out.q, out.scales, out.f16, scratch);
-    }
+    for (int round = 0; round < (two ? 2 : 1); ++round)
+      store_output<kBlocks>(value[round], first, e + round * kDecodeThreads, outputs, out, scratch);
   }
 }
 
@@ -512,7 +557,8 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
     with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
       launch_overlapped("attention_decode", attention_decode_kernel<kBlocks, kValues>, grid, kDecodeThreads,
                         shared_bytes, stream, shape, q, k, v, cos_sin, key_cache, value_cache, step,
-                        attention_scale(shape), kv_heads_per_combine, partials, arrivals, out);
+                        attention_scale(shape), kv_heads_per_combine, lone_chunks<kValues>(kv_heads_per_combine),
+                        partials, arrivals, out);
     });
   };
   switch (values_per_lane(shape)) {
