@@ -74,7 +74,7 @@ namespace {
 void* allocate(Memory memory, size_t bytes, const char* what) {
   void* data = nullptr;
   if (memory == Memory::PinnedHost) {
-    check(gpuHostAlloc(&data, bytes, gpuHostAllocDefault), what);
+    check(gpuHostAlloc(&data, bytes, gpuHostAllocMapped), what);
     return data;
   }
   const gpuError_t status = gpuMalloc(&data, bytes);

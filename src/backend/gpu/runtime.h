@@ -23,7 +23,7 @@
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
 #define gpuHostAlloc hipHostMalloc
-#define gpuHostAllocDefault hipHostMallocDefault
+#define gpuHostAllocMapped hipHostMallocMapped
 #define gpuFreeHost hipHostFree
 #define gpuMemcpy hipMemcpy
 #define gpuMemcpyAsync hipMemcpyAsync
@@ -69,7 +69,7 @@
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
 #define gpuHostAlloc cudaHostAlloc
-#define gpuHostAllocDefault cudaHostAllocDefault
+#define gpuHostAllocMapped cudaHostAllocMapped
 #define gpuFreeHost cudaFreeHost
 #define gpuMemcpy cudaMemcpy
 #define gpuMemcpyAsync cudaMemcpyAsync
@@ -140,7 +140,8 @@ double measure_copy_bandwidth();
 
 enum class Memory {
   Device,      // device memory
-  PinnedHost,  // page-locked host memory: copies from and to it run as asynchronous DMA
+  PinnedHost,  // page-locked host memory: copies from and to it run as asynchronous DMA, and kernels reach it
+               // through the same pointer
 };
 
 // `bytes` of memory of kind kMemory, freed on destruction; allocation failure is an rf::Error naming `what`.
