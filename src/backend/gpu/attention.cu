@@ -247,8 +247,8 @@ __device__ __forceinline__ void combine_partials(const float* group_partials, in
 // Output value i of the `outputs` from `first` on, and its share of their 8-bit form: every thread of the block
 // calls this for the same kDecodeThreads consecutive values (quantize_element).
 template <ActivationBlocks kBlocks>
-__device__ __forceinline__ void store_output(float value, int64_t first, int i, int outputs, const ActivationOutput& out,
-                                             float2* scratch) {
+__device__ __forceinline__ void store_output(float value, int64_t first, int i, int outputs,
+                                             const ActivationOutput& out, float2* scratch) {
   if (i < outputs) out.f32[first + i] = value;
   const bool active = i - static_cast<int>(threadIdx.x) % kTeam < outputs;  // whole teams: whole blocks
   quantize_element<kBlocks>(value, first + i, active, out.q, out.scales, out.f16, scratch);
