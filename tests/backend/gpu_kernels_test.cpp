@@ -537,11 +537,11 @@ constexpr int64_t kLongContext = 16384;
 
 // Decoding at the first position, inside the first chunk, past it, and at the end of a long context: all on
 // one partials buffer, as the replays of a captured step are. Between them, the last position that one thread
-// block of a kv head takes alone and the first past it, for heads of 64 values that 3 or 4 query heads share
-// (four chunks: attention.cu, lone_chunks()).
+// block of a kv head takes alone and the first past it (attention.cu, lone_chunks()): two chunks for heads of
+// 128 values that 4 query heads share, four for heads of 64 values that 3 or 4 share.
 void check_decoding(const model::ModelConfig& c, gpuStream_t stream) {
   const AttentionCheck check(c, kLongContext, stream);
-  for (const int64_t position : {int64_t{0}, int64_t{5}, int64_t{127}, int64_t{128}, int64_t{300}, kLongContext - 1}) {
+  for (const int64_t position : {0, 5, 63, 64, 127, 128, 300, static_cast<int>(kLongContext - 1)}) {
     check.run(position, 1);
     if (::testing::Test::HasFatalFailure()) return;
   }
@@ -561,6 +561,10 @@ TEST_F(GpuKernels, DecodeAttentionQuantizesAcrossKvHeads) {
 // for in L2 ahead (and a Q8_K block takes the heads of 32 kv heads).
 TEST_F(GpuKernels, DecodeAttentionReadsRowsOfOddPieces) {
   check_decoding(attention_config(model::RopeStyle::Normal, 64, 32, 36), stream());
+}
+// Llama 3's heads: 128 values, 4 query heads per kv head.
+TEST_F(GpuKernels, DecodeAttentionTakesLlama3Heads) {
+  check_decoding(attention_config(model::RopeStyle::Normal, 8, 2, 128), stream());
 }
 // 3 query heads per kv head: the team's lanes are split among 4 head slots, one of which idles.
 TEST_F(GpuKernels, DecodeAttentionTakesGroupsOfThree) {
