@@ -313,7 +313,8 @@ __device__ __forceinline__ void multiply_block(const MatvecSegment& segment, int
     // against a store a row: 1b Q4_K_M 1657-1666 -> 1679-1684 tokens/s, 8b 476.4-477.2 -> 475.5-476.8).
     if constexpr (kMaxBatch == 1 && (kRows == 2 || kRows == 4)) {
       float* out = segment.y + row;
-      if (!accumulate && row + kRows <= segment.rows && reinterpret_cast<uintptr_t>(out) % (kRows * 4) == 0) {
+      const bool aligned = reinterpret_cast<uintptr_t>(out) % (kRows * sizeof(float)) == 0;
+      if (!accumulate && row + kRows <= segment.rows && aligned) {
         if constexpr (kRows == 4)
           *reinterpret_cast<float4*>(out) = make_float4(acc[0], acc[1], acc[2], acc[3]);
         else
