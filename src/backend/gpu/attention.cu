@@ -16,8 +16,8 @@
 // kernel and a quantization kernel of their own. A combine group is the fewest consecutive kv heads whose
 // query heads fill whole quantization blocks (usually one), so that every block is quantized by the one thread
 // block that holds all its values. Where a combine group is one kv head and the context still short (up to a few
-// chunks: lone_chunks()), the first thread block of each kv head takes every chunk and writes the output itself,
-// and the others end at once.
+// chunks: lone_block_chunks()), the first thread block of each kv head takes every chunk and writes the output
+// itself, and the others end at once.
 //
 // Prompts (several query tokens): flash-attention style. A team of 32 lanes owns one (token, head), keeps
 // the query in shared memory and the output accumulator in registers (lane l has dimensions l, l + 32, ...)
@@ -175,7 +175,7 @@ struct DecodeSplit {
 // blocks (kv_heads_per_combine 1).
 constexpr int kLoneRounds = 4;
 template <int kValues>
-int64_t lone_chunks(int64_t kv_heads_per_combine) {
+int64_t lone_block_chunks(int64_t kv_heads_per_combine) {
   using Split = DecodeSplit<kValues>;
   return kv_heads_per_combine == 1 ? kLoneRounds * Split::kBatch / Split::kPositionsPerTeam : 0;
 }
@@ -280,7 +280,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   const int64_t positions = step[0] + 1;
   const int64_t newest = positions - 1;
   const int64_t chunks = (positions + kAttentionChunk - 1) / kAttentionChunk;
-  // A short context: block 0 of the kv head takes every chunk and writes the output itself (see lone_chunks()).
+  // A short context: block 0 of the kv head takes every chunk and writes the output itself (lone_block_chunks()).
+  // `lone_chunks` is what that gives for this launch.
   const bool lone = chunks <= lone_chunks;
   if (lone && block != 0) return;
   // The block's chunks: block, block + blocks, ..., or alone all of them.
@@ -557,8 +558,8 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
     with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
       launch_overlapped("attention_decode", attention_decode_kernel<kBlocks, kValues>, grid, kDecodeThreads,
                         shared_bytes, stream, shape, q, k, v, cos_sin, key_cache, value_cache, step,
-                        attention_scale(shape), kv_heads_per_combine, lone_chunks<kValues>(kv_heads_per_combine),
-                        partials, arrivals, out);
+                        attention_scale(shape), kv_heads_per_combine,
+                        lone_block_chunks<kValues>(kv_heads_per_combine), partials, arrivals, out);
     });
   };
   switch (values_per_lane(shape)) {
