@@ -175,7 +175,7 @@ struct DecodeSplit {
 // blocks (kv_heads_per_combine 1).
 constexpr int kLoneRounds = 4;
 template <int kValues>
-int64_t lone_block_chunks(int64_t kv_heads_per_combine) {
+__host__ __device__ constexpr int64_t lone_block_chunks(int64_t kv_heads_per_combine) {
   using Split = DecodeSplit<kValues>;
   return kv_heads_per_combine == 1 ? kLoneRounds * Split::kBatch / Split::kPositionsPerTeam : 0;
 }
@@ -259,8 +259,8 @@ __device__ __forceinline__ void store_output(float value, int64_t first, int i, 
 template <ActivationBlocks kBlocks, int kValues>
 __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     AttentionShape shape, const float* q, const float* k, const float* v, const float* cos_sin, uint16_t* keys,
-    uint16_t* values, const int32_t* step, float scale, int64_t kv_heads_per_combine, int64_t lone_chunks,
-    float* partials, unsigned* arrivals, ActivationOutput out) {
+    uint16_t* values, const int32_t* step, float scale, int64_t kv_heads_per_combine, float* partials,
+    unsigned* arrivals, ActivationOutput out) {
   using Split = DecodeSplit<kValues>;
   start_successor();
   extern __shared__ float dynamic_shared[];
@@ -281,8 +281,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   const int64_t newest = positions - 1;
   const int64_t chunks = (positions + kAttentionChunk - 1) / kAttentionChunk;
   // A short context: block 0 of the kv head takes every chunk and writes the output itself (lone_block_chunks()).
-  // `lone_chunks` is what that gives for this launch.
-  const bool lone = chunks <= lone_chunks;
+  const bool lone = chunks <= lone_block_chunks<kValues>(kv_heads_per_combine);
   if (lone && block != 0) return;
   // The block's chunks: block, block + blocks, ..., or alone all of them.
   const int64_t first_chunk = lone ? 0 : block;
@@ -558,8 +557,7 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
     with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
       launch_overlapped("attention_decode", attention_decode_kernel<kBlocks, kValues>, grid, kDecodeThreads,
                         shared_bytes, stream, shape, q, k, v, cos_sin, key_cache, value_cache, step,
-                        attention_scale(shape), kv_heads_per_combine,
-                        lone_block_chunks<kValues>(kv_heads_per_combine), partials, arrivals, out);
+                        attention_scale(shape), kv_heads_per_combine, partials, arrivals, out);
     });
   };
   switch (values_per_lane(shape)) {
