@@ -340,30 +340,41 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
             key[u].load(keys + row, layout, position + u < positions);
             value[u].load(values + row, layout, position + u < positions);
           }
-          // Scores: the lane's share of each dot product, summed over the lanes of its head.
+          // Scores: the lane's share of each dot product, summed over the lanes of its head, the batch's
+          // positions side by side in each step of the exchange so that their shuffles overlap (a loop per
+          // position ran them one after another). The exponentials below take the fast path: their arguments are
+          // at most zero. Measured on an H200, decoding 1b Q4_K_M 1694-1710 -> 1725-1733 tokens/s, 8b
+          // 479-481 -> 483.
           float score[Split::kBatch];
-          float batch_maximum = -INFINITY;
 #pragma unroll
           for (int u = 0; u < Split::kBatch; ++u) {
-            float dot = 0.0f;
+            score[u] = 0.0f;
 #pragma unroll
             for (int j = 0; j < kValues / 2; ++j) {
               const float2 kj = key[u].pair(j);
-              dot += query[2 * j] * kj.x + query[2 * j + 1] * kj.y;
+              score[u] += query[2 * j] * kj.x + query[2 * j + 1] * kj.y;
             }
-            for (int mask = layout.lanes_per_head / 2; mask > 0; mask /= 2) dot += shuffle_xor(dot, mask, kTeam);
-            score[u] = position + u < positions ? dot : -INFINITY;
+          }
+#pragma unroll
+          for (int mask = kTeam / 2; mask > 0; mask /= 2)
+            if (mask < layout.lanes_per_head)
+#pragma unroll
+              for (int u = 0; u < Split::kBatch; ++u) score[u] += shuffle_xor(score[u], mask, kTeam);
+          float batch_maximum = -INFINITY;
+#pragma unroll
+          for (int u = 0; u < Split::kBatch; ++u) {
+            if (position + u >= positions) score[u] = -INFINITY;
             batch_maximum = fmaxf(batch_maximum, score[u]);
           }
           // The running softmax: the new maximum, the batch's weights under it, and the factor that brings what
           // came before to it.
           const float new_maximum = fmaxf(maximum, batch_maximum);
-          const float rescale = expf(maximum - new_maximum);
+          const float rescale = __expf(maximum - new_maximum);
           float weight[Split::kBatch];
           float total = 0.0f;
 #pragma unroll
           for (int u = 0; u < Split::kBatch; ++u) {
-            weight[u] = expf(score[u] - new_maximum);
+            weight[u] = __expf(score[u] - new_maximum);
             total += weight[u];
           }
           sum = sum * rescale + total;
@@ -404,7 +415,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
       float value = 0.0f, total = 0.0f;
 #pragma unroll
       for (int t = 0; t < Split::kScoringTeams; ++t) {
-        const float factor = expf(maxima[t * kTeam + value_lane] - common);
+        const float factor = __expf(maxima[t * kTeam + value_lane] - common);
         value += merged_acc[(t * kValues + i) * kTeam + value_lane] * factor;
         total += sums[t * kTeam + value_lane] * factor;
       }

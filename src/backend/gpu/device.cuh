@@ -78,7 +78,7 @@ __device__ __forceinline__ float team_max(float value) {
   return value;
 }
 
-// Reduction over the whole thread block with `combine` (a sum or a maximum); every thread gets the result.
+// Reduction over the whole thread block with `combine` (sums, maxima); every thread gets the result.
 // `scratch` holds one T per warp (at most 1024 / 32) and may be reused once every thread has the result.
 template <typename T, typename Combine>
 __device__ __forceinline__ T block_reduce(T value, T* scratch, Combine combine) {
@@ -92,11 +92,6 @@ __device__ __forceinline__ T block_reduce(T value, T* scratch, Combine combine) 
   for (int w = 1; w < warps; ++w) total = combine(total, scratch[w]);
   __syncthreads();
   return total;
-}
-
-template <typename T>
-__device__ __forceinline__ T block_sum(T value, T* scratch) {
-  return block_reduce(value, scratch, [](T a, T b) { return a + b; });
 }
 
 // The maxima of both halves of `pair` over the thread block, in the one pass of a single reduction.

@@ -24,6 +24,21 @@ __device__ __forceinline__ void store_level(int64_t i, int level, float d, int8_
   if (lane == 0) scales[i / kActivationBlock] = {d, {static_cast<int16_t>(low), static_cast<int16_t>(high)}};
 }
 
+// Element i of a Q8_K block whose largest value and largest negated value are `extremes`:
+// quant::quantize_q8_k_unchecked. The value of largest magnitude in 256 maps to -127; levels round half to even
+// and stop at 127. Where both signs reach that magnitude exactly, this takes the positive value and the CPU the
+// first: finding the first (a second reduction in that case, or one reduction of 64-bit keys) cost the 1B's
+// decoding 2-3% on an H200 for a case that real activations do not meet.
+__device__ __forceinline__ void quantize_q8_k_element(float value, float2 extremes, int64_t i, int8_t* q,
+                                                      ActivationScale* scales, uint16_t* f16) {
+  const float largest = extremes.x;
+  const float smallest = -extremes.y;
+  const float extreme = largest >= -smallest ? largest : smallest;
+  const float inverse = extreme != 0.0f ? -127.0f / extreme : 0.0f;
+  const float d = extreme != 0.0f ? 1.0f / inverse : 0.0f;
+  store_level(i, min(127, __float2int_rn(inverse * value)), d, q, scales, f16);
+}
+
 // Quantizes `value`, element i. Every thread of the block calls this for the same chunk (Q8_K reduces over
 // the whole block); for Q8_0, teams whose 32 elements lie past the end pass active = false and skip.
 // `scratch` holds kQuantizeThreads / 32 pairs.
@@ -38,17 +53,7 @@ __device__ __forceinline__ void quantize_element(float value, int64_t i, bool ac
     const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
     store_level(i, static_cast<int>(roundf(value * inverse)), half_to_float(float_to_half(d)), q, scales, f16);
   } else if constexpr (kBlocks == ActivationBlocks::Q8_K) {
-    // quant::quantize_q8_k_unchecked: the value of largest magnitude in 256 maps to -127; levels round half
-    // to even and stop at 127. Where both signs reach that magnitude exactly, this takes the positive value
-    // and the CPU the first: finding the first (a second reduction in that case, or one reduction of 64-bit
-    // keys) cost the 1B's decoding 2-3% on an H200 for a case that real activations do not meet.
-    const float2 extremes = block_max_pair(make_float2(value, -value), scratch);
-    const float largest = extremes.x;
-    const float smallest = -extremes.y;
-    const float extreme = largest >= -smallest ? largest : smallest;
-    const float inverse = extreme != 0.0f ? -127.0f / extreme : 0.0f;
-    const float d = extreme != 0.0f ? 1.0f / inverse : 0.0f;
-    store_level(i, min(127, __float2int_rn(inverse * value)), d, q, scales, f16);
+    quantize_q8_k_element(value, block_max_pair(make_float2(value, -value), scratch), i, q, scales, f16);
   }
 }
 
