@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
           // positions side by side in each step of the exchange so that their shuffles overlap (a loop per
           // position ran them one after another). The exponentials below take the fast path: their arguments are
           // at most zero. Measured on an H200, decoding 1b Q4_K_M 1694-1710 -> 1725-1733 tokens/s, 8b
-          // 479-481 -> 483.
+          // 478-481 -> 483.
           float score[Split::kBatch];
 #pragma unroll
           for (int u = 0; u < Split::kBatch; ++u) {

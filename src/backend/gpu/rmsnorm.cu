@@ -34,8 +34,8 @@ __global__ void __launch_bounds__(kQuantizeThreads) rmsnorm_kernel(const float* 
   const int64_t first = static_cast<int64_t>(blockIdx.y) * cols;
   const float* row = x + first;
   // The sum of squares: each thread's share in float, four values per load, the threads' sums in double (the CPU
-  // sums in double throughout). Widening every value cost the 8b Q4_K_M's decoding on an H200 about 0.5% (482-484
-  // against 484-487 tokens/s in two calls; the 1B's within noise).
+  // sums in double throughout). Widening every value cost the 8b Q4_K_M's decoding on an H200 about 0.5% (483.0-483.4
+  // against 483.6-486.0 tokens/s; the 1B's within noise).
   float thread_squares = 0.0f;
 #pragma unroll 4
   for (int64_t i = 4 * threadIdx.x; i < cols; i += 4 * kQuantizeThreads) {
