@@ -19,6 +19,8 @@
 // instructions per weight byte low enough for the products to stay bound by memory bandwidth. Offsets (the minimums of Q4_1 and the
 // K-quants, the fixed -8, -16, -32, -4 of Q4_0, Q5_0, Q6_K, Q3_K) use the activations' precomputed sums.
 // Block layouts are those of quant/blocks.h; split types (weight_layout.h) read their scale from w.scales.
+// Quantized blocks are read with load_weight() (streaming loads: device.cuh), float rows with plain loads, which
+// measured faster for them.
 #pragma once
 #include <cstdint>
 
@@ -214,15 +216,15 @@ struct Decoder<TensorType::Q8_0> {
   __device__ static int group_start(int, int) { return 0; }
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
     const uint8_t* p = decode::payload(w, block, 32);
-    const int4 a = load_16(p);
-    const int4 b = load_16(p + 16);
+    const int4 a = load_weight<int4>(p);
+    const int4 b = load_weight<int4>(p + 16);
     Slice s;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       s.q[0][i] = decode::component(a, i);
       s.q[0][i + 4] = decode::component(b, i);
     }
-    s.scale[0] = half_to_float(w.scales[block]);
+    s.scale[0] = half_to_float(load_weight<uint16_t>(w.scales + block));
     s.offset[0] = 0.0f;
     return s;
   }
@@ -237,8 +239,8 @@ struct Decoder<TensorType::Q4_0> {
   __device__ static int group_start(int, int group) { return 16 * group; }
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
     Slice s;
-    decode::split_nibbles(load_16(decode::payload(w, block, 16)), s);
-    const float d = half_to_float(w.scales[block]);
+    decode::split_nibbles(load_weight<int4>(decode::payload(w, block, 16)), s);
+    const float d = half_to_float(load_weight<uint16_t>(w.scales + block));
     s.scale[0] = s.scale[1] = d;
     s.offset[0] = s.offset[1] = -8.0f * d;
     return s;
@@ -255,8 +257,8 @@ struct Decoder<TensorType::Q4_1> {
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
     const uint8_t* p = decode::payload(w, block, 20);
     Slice s;
-    decode::split_nibbles(load_16_from_4(p + 4), s);
-    const auto dm = static_cast<uint32_t>(*reinterpret_cast<const int*>(p));
+    decode::split_nibbles(load_weight_16_from_4(p + 4), s);
+    const auto dm = static_cast<uint32_t>(load_weight<int>(p));
     s.scale[0] = s.scale[1] = half_to_float(static_cast<uint16_t>(dm));
     s.offset[0] = s.offset[1] = half_to_float(static_cast<uint16_t>(dm >> 16));
     return s;
@@ -273,8 +275,8 @@ struct Decoder<TensorType::Q5_0> {
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
     const uint8_t* p = decode::payload(w, block, 20);
     Slice s;
-    decode::split_nibbles_with_high_bit(load_16_from_4(p + 4), *reinterpret_cast<const uint32_t*>(p), s);
-    const float d = half_to_float(w.scales[block]);
+    decode::split_nibbles_with_high_bit(load_weight_16_from_4(p + 4), load_weight<unsigned>(p), s);
+    const float d = half_to_float(load_weight<uint16_t>(w.scales + block));
     s.scale[0] = s.scale[1] = d;
     s.offset[0] = s.offset[1] = -16.0f * d;
     return s;
@@ -291,8 +293,8 @@ struct Decoder<TensorType::Q5_1> {
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
     const uint8_t* p = decode::payload(w, block, 24);
     Slice s;
-    const int2 header = *reinterpret_cast<const int2*>(p);
-    decode::split_nibbles_with_high_bit(load_16_from_8(p + 8), static_cast<uint32_t>(header.y), s);
+    const int2 header = load_weight<int2>(p);
+    decode::split_nibbles_with_high_bit(load_weight_16_from_8(p + 8), static_cast<uint32_t>(header.y), s);
     const auto dm = static_cast<uint32_t>(header.x);
     s.scale[0] = s.scale[1] = half_to_float(static_cast<uint16_t>(dm));
     s.offset[0] = s.offset[1] = half_to_float(static_cast<uint16_t>(dm >> 16));
@@ -309,8 +311,8 @@ struct Decoder<TensorType::IQ4_NL> {
   __device__ static int group_start(int, int group) { return 16 * group; }
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
     Slice s;
-    decode::split_iq4_values<false>(load_16(decode::payload(w, block, 16)), s);
-    s.scale[0] = s.scale[1] = half_to_float(w.scales[block]);
+    decode::split_iq4_values<false>(load_weight<int4>(decode::payload(w, block, 16)), s);
+    s.scale[0] = s.scale[1] = half_to_float(load_weight<uint16_t>(w.scales + block));
     s.offset[0] = s.offset[1] = 0.0f;
     return s;
   }
@@ -330,8 +332,8 @@ struct Decoder<TensorType::Q2_K> {
     const uint8_t* p = decode::payload(w, block, 84);
     const int h = slice / 2;
     const int m = slice % 2;
-    const int4 v = load_16_from_4(p + 16 + 32 * h + 16 * m);
-    const auto dd = static_cast<uint32_t>(*reinterpret_cast<const int*>(p + 80));
+    const int4 v = load_weight_16_from_4(p + 16 + 32 * h + 16 * m);
+    const auto dd = static_cast<uint32_t>(load_weight<int>(p + 80));
     const float d = half_to_float(static_cast<uint16_t>(dd));
     const float dmin = half_to_float(static_cast<uint16_t>(dd >> 16));
     Slice s;
@@ -339,7 +341,7 @@ struct Decoder<TensorType::Q2_K> {
     for (int k = 0; k < 4; ++k) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) s.q[k][i] = (decode::component(v, i) >> (2 * k)) & 0x03030303;
-      const int sc = p[8 * h + 2 * k + m];
+      const int sc = load_weight<uint8_t>(p + 8 * h + 2 * k + m);
       s.scale[k] = d * static_cast<float>(sc & 15);
       s.offset[k] = -dmin * static_cast<float>(sc >> 4);
     }
@@ -359,10 +361,10 @@ struct Decoder<TensorType::Q3_K> {
     const uint8_t* p = decode::payload(w, block, 108);
     const int h = slice / 2;
     const int m = slice % 2;
-    const int4 v = load_16_from_4(p + 32 + 32 * h + 16 * m);
-    const int4 hmask = load_16_from_4(p + 16 * m);
+    const int4 v = load_weight_16_from_4(p + 32 + 32 * h + 16 * m);
+    const int4 hmask = load_weight_16_from_4(p + 16 * m);
     const uint8_t* packed_scales = p + 96;
-    const float d = half_to_float(w.scales[block]);
+    const float d = half_to_float(load_weight<uint16_t>(w.scales + block));
     Slice s;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -371,7 +373,8 @@ struct Decoder<TensorType::Q3_K> {
         s.q[k][i] = ((decode::component(v, i) >> (2 * k)) & 0x03030303) |
                     (((decode::component(hmask, i) >> (4 * h + k)) & 0x01010101) << 2);
       const int j = 8 * h + 2 * k + m;
-      const int sc = ((packed_scales[j % 8] >> (4 * (j / 8))) & 0xF) | (((packed_scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
+      const int sc = ((load_weight<uint8_t>(packed_scales + j % 8) >> (4 * (j / 8))) & 0xF) |
+                     (((load_weight<uint8_t>(packed_scales + 8 + j % 4) >> (2 * (j / 4))) & 3) << 4);
       s.scale[k] = d * static_cast<float>(sc - 32);
       s.offset[k] = -4.0f * s.scale[k];
     }
@@ -389,9 +392,9 @@ struct Decoder<TensorType::Q4_K> {
   __device__ static int group_start(int slice, int group) { return 64 * slice + 32 * group; }
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
     const uint8_t* p = decode::payload(w, block, 144);
-    const int4 header = load_16(p);
-    const int4 a = load_16(p + 16 + 32 * slice);
-    const int4 b = load_16(p + 32 + 32 * slice);
+    const int4 header = load_weight<int4>(p);
+    const int4 a = load_weight<int4>(p + 16 + 32 * slice);
+    const int4 b = load_weight<int4>(p + 32 + 32 * slice);
     Slice s;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -415,11 +418,11 @@ struct Decoder<TensorType::Q5_K> {
   __device__ static int group_start(int slice, int group) { return 64 * slice + 32 * group; }
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
     const uint8_t* p = decode::payload(w, block, 176);
-    const int4 a = load_16(p + 48 + 32 * slice);
-    const int4 b = load_16(p + 64 + 32 * slice);
-    const int4 ha = load_16(p + 16);
-    const int4 hb = load_16(p + 32);
-    const int4 header = load_16(p);
+    const int4 a = load_weight<int4>(p + 48 + 32 * slice);
+    const int4 b = load_weight<int4>(p + 64 + 32 * slice);
+    const int4 ha = load_weight<int4>(p + 16);
+    const int4 hb = load_weight<int4>(p + 32);
+    const int4 header = load_weight<int4>(p);
     Slice s;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -453,11 +456,11 @@ struct Decoder<TensorType::Q6_K> {
     const uint8_t* p = decode::payload(w, block, 208);
     const int h = slice / 2;
     const int j = slice % 2;
-    const int4 low[2] = {load_16(p + 64 * h + 32 * j), load_16(p + 64 * h + 32 * j + 16)};
-    const int4 high[2] = {load_16(p + 128 + 32 * h), load_16(p + 128 + 32 * h + 16)};
-    const auto* scale_words = reinterpret_cast<const uint32_t*>(p + 192 + 8 * h);
+    const int4 low[2] = {load_weight<int4>(p + 64 * h + 32 * j), load_weight<int4>(p + 64 * h + 32 * j + 16)};
+    const int4 high[2] = {load_weight<int4>(p + 128 + 32 * h), load_weight<int4>(p + 128 + 32 * h + 16)};
+    const int2 scale_words = load_weight<int2>(p + 192 + 8 * h);
     Slice s;
-    s.d = s.dmin = half_to_float(w.scales[block]);
+    s.d = s.dmin = half_to_float(load_weight<uint16_t>(w.scales + block));
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
@@ -468,8 +471,8 @@ struct Decoder<TensorType::Q6_K> {
         s.q[2 + m][i] = ((l >> 4) & decode::kLowNibbles) | (((hb >> (2 * j + 4)) & 0x03030303) << 4);
       }
       // scales[8h + 2k + m]: bytes 2j + m of the word at 8h (k = j) and at 8h + 4 (k = j + 2).
-      s.scale[m] = static_cast<int8_t>(scale_words[0] >> (8 * (2 * j + m)));
-      s.scale[2 + m] = static_cast<int8_t>(scale_words[1] >> (8 * (2 * j + m)));
+      s.scale[m] = static_cast<int8_t>(scale_words.x >> (8 * (2 * j + m)));
+      s.scale[2 + m] = static_cast<int8_t>(scale_words.y >> (8 * (2 * j + m)));
     }
 #pragma unroll
     for (int g = 0; g < 4; ++g) s.min[g] = 32 * s.scale[g];
@@ -489,9 +492,9 @@ struct Decoder<TensorType::IQ4_XS> {
   __device__ static int group_start(int slice, int group) { return 32 * slice + 16 * group; }
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
     const uint8_t* p = decode::payload(w, block, 136);
-    const int2 header = *reinterpret_cast<const int2*>(p);
+    const int2 header = load_weight<int2>(p);
     Slice s;
-    decode::split_iq4_values<true>(load_16_from_8(p + 8 + 16 * slice), s);
+    decode::split_iq4_values<true>(load_weight_16_from_8(p + 8 + 16 * slice), s);
     const auto dh = static_cast<uint32_t>(header.x);
     const int low = (static_cast<uint32_t>(header.y) >> (4 * slice)) & 0xF;
     const int high = (dh >> (16 + 2 * slice)) & 3;
@@ -587,7 +590,7 @@ struct ChunkDecoder<TensorType::Q4_K> {
   };
   __device__ static Raw load(const WeightView& w, int64_t block, int j) {
     const uint8_t* p = decode::payload(w, block, 144);
-    return {load_16(p), load_16(p + 16 + 16 * j)};
+    return {load_weight<int4>(p), load_weight<int4>(p + 16 + 16 * j)};
   }
   __device__ static float dot(const Raw& r, int j, const int8_t* x, const ActivationScale* scales) {
     const int p = j / 2;
@@ -622,8 +625,8 @@ struct ChunkDecoder<TensorType::Q6_K> {
   __device__ static Raw load(const WeightView& w, int64_t block, int c) {
     const uint8_t* p = decode::payload(w, block, 208);
     const int h = c / 4;
-    return {load_16(p + 16 * c), load_16(p + 128 + 32 * h + 16 * (c % 2)),
-            *reinterpret_cast<const int2*>(p + 192 + 8 * h), half_to_float(w.scales[block])};
+    return {load_weight<int4>(p + 16 * c), load_weight<int4>(p + 128 + 32 * h + 16 * (c % 2)),
+            load_weight<int2>(p + 192 + 8 * h), half_to_float(load_weight<uint16_t>(w.scales + block))};
   }
   __device__ static float dot(const Raw& r, int c, const int8_t* x, const ActivationScale* scales) {
     const int h = c / 4;

@@ -48,7 +48,13 @@
 namespace rf::gpu {
 namespace {
 
-constexpr int kThreads = 128;
+// Thread blocks of two teams: a launch's last thread blocks finish one after another while the multiprocessors
+// that are done wait for them, and smaller blocks shorten that tail. Measured on an H200 with weights streamed
+// past the caches (load_weight), decoding tg128 against blocks of 128 threads in three calls: 1b Q4_K_M +0.6 to
+// +1.6%, 8b +0.6 to +1.5% (e.g. 1745-1757 -> 1773-1776 and 499.2 -> 505.8-506.2 tokens/s), 8b F16 within noise;
+// 256 threads lost 5-6% (1b 1620-1631, 8b 474-476). Handing each group of lanes its rows in turn from a grid of
+// resident blocks, instead of thread blocks of a few rows each, gained nothing (8b 498-499) and lost 3.5% on F16.
+constexpr int kThreads = 64;
 constexpr int kMaxStagedBytes = 48 * 1024;
 
 // Output rows of a thread block whose groups of `lanes` lanes take `group_rows` rows each.
@@ -336,7 +342,7 @@ __device__ __forceinline__ void multiply_block(const MatvecSegment& segment, int
 
 // Every segment computed as variant V.
 template <typename V>
-__global__ void __launch_bounds__(kThreads, V::kMaxBatch * V::kRows == 1 ? 6 : 4)
+__global__ void __launch_bounds__(kThreads, V::kMaxBatch * V::kRows == 1 ? 12 : 8)
     matvec_kernel(Segments segments, int64_t cols, RowShape shape, ProductInput input, int batch, bool staged,
                   bool accumulate, bool prefetch) {
   start_successor();
@@ -347,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, V::kMaxBatch * V::kRows == 1 ? 6 : 4
 // One activation row, the last segment's matrix in a second type: its thread blocks (from last_first_block
 // on) compute it as variant Last, the others theirs as First.
 template <typename First, typename Last>
-__global__ void __launch_bounds__(kThreads, 4)
+__global__ void __launch_bounds__(kThreads, 8)
     matvec_two_types_kernel(Segments segments, unsigned last_first_block, int64_t cols, RowShape first_shape,
                             RowShape last_shape, ProductInput input, bool accumulate, bool prefetch) {
   start_successor();
