@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -150,10 +151,12 @@ TEST_P(GpuWeightTypes, MatvecMatchesDequantizedProduct) {
 }
 
 // Three matrices in one launch, with more rows than one wave of thread blocks covers and segment boundaries
-// inside a thread block's rows.
+// inside a thread block's rows; Q4_K at a width that goes by chunks (256) and at one that goes by slices (2304),
+// where these rows take four rows a group of lanes either way.
 TEST_F(GpuKernels, MatvecCoversRoundsAndSegments) {
-  for (const TensorType type : {TensorType::Q4_K, TensorType::Q6_K, TensorType::F16}) {
-    const int64_t cols = 256;
+  using Case = std::pair<TensorType, int64_t>;  // weight type, columns
+  for (const auto& [type, cols] : {Case{TensorType::Q4_K, 256}, Case{TensorType::Q4_K, 2304},
+                                    Case{TensorType::Q6_K, 256}, Case{TensorType::F16, 256}}) {
     const int64_t rows[kMaxMatvecSegments] = {9001, 11003, 7005};
     std::vector<TestMatrix> matrices;
     for (const int64_t r : rows) matrices.push_back(make_matrix(type, r, cols, stream()));
@@ -189,7 +192,7 @@ TEST_F(GpuKernels, MatvecCoversRoundsAndSegments) {
             expected[b * m.rows + r] = sum;
           }
         EXPECT_LT(relative_error(to_host<float>(outputs[s], expected.size()), expected), 1e-5)
-            << tensor_type_name(type) << " batch " << batch << ", segment " << s;
+            << tensor_type_name(type) << " batch " << batch << ", " << cols << " columns, segment " << s;
       }
     }
   }

@@ -454,6 +454,26 @@ void launch(std::span<const MatvecSegment> segments, int64_t cols, const Product
                     staged, accumulate, prefetches(segments, [&](size_t) { return shape.row_bytes; }));
 }
 
+// The types whose products by slices take four rows a group of lanes wherever the launch keeps two thread blocks
+// per multiprocessor with four (four_rows_fill). Measured on an H200 with 64-thread blocks, decoding llama3-8b
+// files of one type (Q4_K_M: its Q4_K products) against two rows: Q4_K_M 502.2-502.4 -> 519.1-519.2 tokens/s,
+// Q4_0 484.1 -> 515.7, Q4_1 486 -> 512, Q8_0 363.4 -> 380-381; the others lost (Q5_K_M 441-442 -> 417.5, Q5_0
+// 410 -> 396-397, Q5_1 409 -> 394-396, Q2_K 306.5 -> 283.5, Q3_K 276-277 -> 263, IQ4_XS 392 -> 378-379) or
+// stayed (IQ4_NL 401 -> 400): the more instructions a slice takes to decode, the more a group of lanes gains from
+// rows of its own instead. Earlier, with 128-thread blocks and no streaming loads, four rows had lost for Q4_K
+// (q + k 5.6 -> 7.0 us) and Q8_0 too (35.2 -> 36.4 us).
+template <TensorType T>
+constexpr bool kFourRowSlices =
+    T == TensorType::Q4_0 || T == TensorType::Q4_1 || T == TensorType::Q8_0 || T == TensorType::Q4_K;
+
+// Whether a launch of `rows` rows of T, `cols` wide, keeps two thread blocks per multiprocessor with four rows a
+// group of lanes (by chunks or by slices).
+template <TensorType T, bool kChunks>
+bool four_rows_fill(int64_t cols, int64_t rows) {
+  static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
+  return rows / rows_of_block(lanes_per_row<T, kChunks, 4>(cols), 4) >= 2 * multiprocessors;
+}
+
 // Calls fn.template operator()<V>() with the variant V that computes `rows` rows of T, `cols` wide, for batches
 // of up to kMaxBatch activation rows: by chunks where the type has a chunk decoder and the row is narrow enough
 // for it, else by slices.
@@ -466,8 +486,7 @@ void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
         // would not (measured on an H200 against two: the 1B's gate + up 6.3 -> 4.8 us, the 8B's Q6_K down
         // 15.1 -> 13.5 us, output matrix 118.4 -> 112.3 us; the 1B's down, 128 thread blocks with four, 6.2 ->
         // 8.5 us).
-        static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
-        if (rows / rows_of_block(lanes_per_row<T, true, 4>(cols), 4) >= 2 * multiprocessors) {
+        if (four_rows_fill<T, true>(cols, rows)) {
           fn.template operator()<Variant<T, kMaxBatch, true, 4>>();
           return;
         }
@@ -477,13 +496,13 @@ void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
     }
   }
   // One activation row of quantized weights: two output rows a group of lanes (see the top of the file), four
-  // where a row takes two teams (wider than kTwoTeamCols: the 8B's down projection). Four by slices lost
-  // elsewhere (q + k 5.6 -> 7.0 us, gate + up Q5_K 25.9 -> 29.1 us, Q8_0 35.2 -> 36.4 us). Measured on an
-  // H200, decoding with four for the widest rows against two: 8b Q4_K_M 465.1-466.0 -> 467.3-468.7 tokens/s,
-  // 8b Q4_0 446.1-447.6 -> 454.9-456.8, 8b Q5_K_M 423.6-424.1 -> 423.3-423.4 (before the large products
-  // stopped prefetching, prefetches(), the same rule had lost: 8b Q4_K_M 401.6 -> 399.0).
+  // where a row takes two teams (wider than kTwoTeamCols: the 8B's down projection), and for the types whose
+  // slices decode in few instructions (kFourRowSlices) also where the launch keeps two thread blocks per
+  // multiprocessor with four. Measured on an H200, decoding with four for the widest rows against two: 8b Q4_K_M
+  // 465.1-466.0 -> 467.3-468.7 tokens/s, 8b Q4_0 446.1-447.6 -> 454.9-456.8, 8b Q5_K_M 423.6-424.1 -> 423.3-423.4
+  // (before the large products stopped prefetching, prefetches(), the same rule had lost: 8b Q4_K_M 401.6 -> 399.0).
   if constexpr (kMaxBatch == 1 && kReadsQuantizedActivations<T>) {
-    if (cols > kTwoTeamCols) {
+    if (cols > kTwoTeamCols || (kFourRowSlices<T> && four_rows_fill<T, false>(cols, rows))) {
       fn.template operator()<Variant<T, 1, false, 4>>();
       return;
     }
