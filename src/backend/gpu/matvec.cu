@@ -13,7 +13,7 @@
 //
 // Each thread block asks for its rows' bytes in L2 (one bulk prefetch) before it waits for the kernel before it
 // (programmatic dependent launch, device.cuh): the weights do not depend on earlier kernels, so their fetch
-// overlaps the previous kernel's tail. Only launches whose weights take at most half the L2 do so
+// overlaps the previous kernel's tail. Only launches whose weights take at most an eighth of the L2 do so
 // (prefetches()). By chunks, each lane also issues its first round of loads before that wait (measured on an
 // H200: the 1B's decoding 1100 -> 1162 tokens/s; the same for slices lost 3% on the 8B).
 //
@@ -406,19 +406,21 @@ RowShape row_shape(int64_t cols) {
 }
 
 // Whether a launch's thread blocks ask for their rows in L2 before they wait for the kernel before them: only
-// where its weights take at most half the L2. In a larger product the first wave's prefetches are a burst of
-// tens of megabytes that fills the memory system while the small kernel before it (a norm, the attention,
-// SwiGLU) works through its chains of dependent accesses. Measured on an H200 (50 MB of L2), decoding with
-// prefetches in every launch against in those of at most 25 MB: 8b Q4_K_M 439-441 -> 464 tokens/s, 1b Q4_K_M
-// 1604-1606 -> 1610-1612 (its output matrix); with none at all, 1b 1584-1586 (its products, all under 25 MB,
-// gain from starting early), 8b 464-465. docs/PERFORMANCE.md has the other bounds tried. row_bytes(i) is
-// segment i's payload bytes per row.
+// where its weights take at most an eighth of the L2. In a larger product the prefetches are a burst of megabytes
+// that fills the memory system while the small kernel before it (a norm, the attention, SwiGLU) works through
+// its chains of dependent accesses. Measured on an H200 (50 MB of L2), decoding with prefetches in every launch
+// against in those of at most 25 MB: 8b Q4_K_M 439-441 -> 464 tokens/s, 1b Q4_K_M 1604-1606 -> 1610-1612 (its
+// output matrix); with none at all, 1b 1584-1586 (its products gain from starting early), 8b 464-465. Once the
+// weights were loaded as streaming data (load_weight) and the small kernels' chains shorter, at most 6 MB
+// against at most 25 MB: 8b 517.9-518.8 -> 525.7-529.1 (its q + k + v, 14-15 MB, and attention output, 9 MB, no
+// longer prefetch), 1b 1788-1791 -> 1791-1793; at most 12 MB lost (8b 516.7-517.9, 1b 1771-1778).
+// docs/PERFORMANCE.md has the other bounds tried. row_bytes(i) is segment i's payload bytes per row.
 template <typename RowBytes>
 bool prefetches(std::span<const MatvecSegment> segments, const RowBytes& row_bytes) {
   static const uint64_t l2_bytes = device_info().l2_bytes;  // asks the driver: once
   uint64_t bytes = 0;
   for (size_t i = 0; i < segments.size(); ++i) bytes += static_cast<uint64_t>(segments[i].rows) * row_bytes(i);
-  return bytes <= l2_bytes / 2;
+  return bytes <= l2_bytes / 8;
 }
 
 // Packs `segments` for a kernel: segment i takes its rows' thread blocks at rows_per_block(i) rows each, after
