@@ -142,10 +142,11 @@ __device__ __forceinline__ int4 load_16(const void* p) { return *static_cast<con
 
 // Loads of quantized weight bytes. A decode step reads every weight byte once, and between two reads of the same
 // activations, KV cache rows or kernel code it streams a whole layer's weights, more than the L2 holds: with plain
-// loads that stream evicts the step's own data and code, which are then fetched from device memory again in every
-// layer. Weights are therefore loaded as streaming data (evict-first in L1 and L2, `ld.global.cs`). Measured on an
-// H200, decoding tg128 in four calls: 1b Q4_K_M 1729-1743 -> 1745-1782, 8b 484-487 -> 496-499 tokens/s. Float
-// weights keep plain loads: the 8b F16 lost 0.3-0.6% with them (213.4-213.9 -> 212.1-212.7). HIP loads plainly.
+// loads that stream most likely evicts the step's own data and code, which are then fetched from device memory again
+// in every layer (the gain below fits that; no cache counters were read). Weights are therefore loaded as streaming
+// data (evict-first in L1 and L2, `ld.global.cs`). Measured on an H200, decoding tg128 in four calls: 1b Q4_K_M
+// 1729-1743 -> 1745-1782, 8b 484-487 -> 496-499 tokens/s. Float weights keep plain loads: the 8b F16 lost 0.3-0.6%
+// with them (213.4-213.9 -> 212.1-212.7). HIP loads plainly.
 template <typename T>
 __device__ __forceinline__ T load_weight(const void* p) {
 #if defined(ROCMFORGE_GPU_HIP)
