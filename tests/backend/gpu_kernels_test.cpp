@@ -565,7 +565,7 @@ TEST_F(GpuKernels, DecodeAttentionQuantizesAcrossKvHeads) {
 TEST_F(GpuKernels, DecodeAttentionReadsRowsOfOddPieces) {
   check_decoding(attention_config(model::RopeStyle::Normal, 64, 32, 36), stream());
 }
-// Llama 3's heads: 128 values, 4 query heads per kv head.
+// Llama 3's heads: 128 values, 4 query heads per kv head, taken 2 a thread block.
 TEST_F(GpuKernels, DecodeAttentionTakesLlama3Heads) {
   check_decoding(attention_config(model::RopeStyle::Normal, 8, 2, 128), stream());
 }
@@ -573,9 +573,15 @@ TEST_F(GpuKernels, DecodeAttentionTakesLlama3Heads) {
 TEST_F(GpuKernels, DecodeAttentionTakesGroupsOfThree) {
   check_decoding(attention_config(model::RopeStyle::Normal, 12, 4, 64), stream());
 }
-// 16 query heads of 256 values per kv head: a lane holds 128 values of a row, and one team a block scores.
+// 16 query heads of 256 values per kv head: one head a thread block.
 TEST_F(GpuKernels, DecodeAttentionTakesTheWidestGroups) {
   check_decoding(attention_config(model::RopeStyle::Normal, 32, 2, 256), stream());
+}
+// 16 query heads of 200 values per kv head. For a Q8_K output no fewer heads fill whole blocks: a thread block
+// takes the whole group (a lane holds 128 values of a row, and one team a block scores), and the blocks of two kv
+// heads combine; for a Q8_0 output a block takes 4 heads, for f32 only 2.
+TEST_F(GpuKernels, DecodeAttentionTakesWholeGroupsOfWideHeads) {
+  check_decoding(attention_config(model::RopeStyle::Normal, 32, 2, 200), stream());
 }
 TEST_F(GpuKernels, PromptAttentionMatchesCpu) {
   AttentionCheck(attention_config(model::RopeStyle::Normal), 600, stream()).run(300, 5);

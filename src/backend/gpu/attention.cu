@@ -1,23 +1,23 @@
 // Attention over the f16 KV cache.
 //
 // Decoding (one query token): split-K in a single launch, which also rotates the token's query and key and
-// stores its key and value in the cache (a launch of its own for prompts). The positions are cut into chunks of
-// kAttentionChunk; a fixed number of thread blocks per kv head (a few per multiprocessor in all, at most one
-// per chunk of the context) share the chunks that hold positions 0 .. step[0], block b taking chunks b,
-// b + blocks, ... The grid depends on the context only, not on the position, so a captured decode step
-// replays for every token; blocks without a chunk go straight to the end. Within a block each team of 32
-// lanes takes its own positions of every chunk and keeps its own running softmax (maximum, sum and weighted
-// values) in registers for all the query heads that share the kv head (GQA), reading each key and value once
-// for all of them, with no barrier between positions: the team's lanes are split among the heads, and a
-// head's lanes among the pieces of the row. The block then merges its teams' softmaxes through shared memory
-// into one partial result per head. The last block to finish among those of a combine group learns so from a
-// counter in device memory; it rescales the group's partials to a common maximum, sums them, and writes the
-// output rows together with their 8-bit form for the o-projection, which would otherwise take a combine
-// kernel and a quantization kernel of their own. A combine group is the fewest consecutive kv heads whose
-// query heads fill whole quantization blocks (usually one), so that every block is quantized by the one thread
-// block that holds all its values. Where a combine group is one kv head and the context still short (up to a few
-// chunks: lone_block_chunks()), the first thread block of each kv head takes every chunk and writes the output
-// itself, and the others end at once.
+// stores its key and value in the cache (a launch of its own for prompts). The query heads that share a kv head
+// (GQA) are taken in parts of a few heads (heads_per_block()), and the positions are cut into chunks of
+// kAttentionChunk; a fixed number of thread blocks per part (a few per multiprocessor in all, at most one per
+// chunk of the context) share the chunks that hold positions 0 .. step[0], block b taking chunks b, b + blocks,
+// ... The grid depends on the context only, not on the position, so a captured decode step replays for every
+// token; blocks without a chunk go straight to the end. Within a block each team of 32 lanes takes its own
+// positions of every chunk and keeps its own running softmax (maximum, sum and weighted values) in registers for
+// all the query heads of the part, reading each key and value once for all of them, with no barrier between
+// positions: the team's lanes are split among the heads, and a head's lanes among the pieces of the row. The
+// block then merges its teams' softmaxes through shared memory into one partial result per head. The last block
+// to finish among those of a combine group learns so from a counter in device memory; it rescales the group's
+// partials to a common maximum, sums them, and writes the output rows together with their 8-bit form for the
+// o-projection, which would otherwise take a combine kernel and a quantization kernel of their own. A combine
+// group is the fewest consecutive parts whose query heads fill whole quantization blocks (usually one), so that
+// every block is quantized by the one thread block that holds all its values. Where a combine group is one part
+// and the context still short (up to a few chunks: lone_block_chunks()), the first thread block of each part takes
+// every chunk and writes the output itself, and the others end at once.
 //
 // Prompts (several query tokens): flash-attention style. A team of 32 lanes owns one (token, head), keeps
 // the query in shared memory and the output accumulator in registers (lane l has dimensions l, l + 32, ...)
@@ -73,10 +73,10 @@ __device__ __forceinline__ float dot_8(const float (&k)[8], const float* q) {
          k[7] * qb.w;
 }
 
-// Thread blocks per kv head of the decode grid.
-int64_t decode_blocks(const AttentionShape& shape, int64_t context) {
+// Thread blocks per part (attention_decode_kernel) of the decode grid, for `parts` parts.
+int64_t decode_blocks(int64_t parts, int64_t context) {
   static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
-  const int64_t wanted = (kDecodeBlocksPerMultiprocessor * multiprocessors + shape.n_kv_heads - 1) / shape.n_kv_heads;
+  const int64_t wanted = (kDecodeBlocksPerMultiprocessor * multiprocessors + parts - 1) / parts;
   return std::max<int64_t>(1, std::min(wanted, max_splits(context)));
 }
 
@@ -140,9 +140,10 @@ struct TeamLayout {
   __device__ int dim(int i) const { return (sub + i / piece * lanes_per_head) * piece + i % piece; }
 };
 
-// Values a lane holds of one row (a power of two, at least one piece of 8): what TeamLayout needs for the shape.
-int values_per_lane(const AttentionShape& shape) {
-  const int64_t lanes = lanes_per_head(shape.heads_per_kv_head());
+// Values a lane holds of one row (a power of two, at least one piece of 8): what TeamLayout needs for the shape
+// where a thread block takes `heads` query heads.
+int values_per_lane(const AttentionShape& shape, int64_t heads) {
+  const int64_t lanes = lanes_per_head(heads);
   const int64_t piece = piece_values(shape.head_dim);
   const int64_t needed = (shape.head_dim / piece + lanes - 1) / lanes * piece;
   int values = 8;
@@ -164,20 +165,20 @@ struct DecodeSplit {
   static_assert(kAttentionChunk % kScoringTeams == 0 && kPositionsPerTeam % kBatch == 0);
 };
 
-// Chunks that block 0 of a kv head takes alone while the context has no more (0: never), writing the output
+// Chunks that block 0 of a part takes alone while the context has no more (0: never), writing the output
 // itself: no partial results, no arrival, no combining block. Alone, its teams scan the chunks one after another,
 // a round of loads for every kBatch positions, which up to kLoneRounds rounds costs less than what it saves.
 // Measured on an H200, decoding tg128 (-p 0) against no lone block, three rounds: 1b Q4_K_M 1626-1630 -> 1637-1649,
 // 8b 470.6-471.3 -> 473.8-474.8 tokens/s; 2 rounds gained less (1b 1628-1634, 8b 472.5-472.7), 6 no more (1b
 // 1639-1646, 8b 473.6-474.3), 8 gained less on the 8b (469-471 against 472-474 for 4). Copying the chunks to
 // shared memory (64 KB) before the wait for the projections, instead of asking for them in L2, lost on the 8b
-// (466-469 against 468-471 without a lone block). Only where a kv head's query heads fill whole quantization
-// blocks (kv_heads_per_combine 1).
+// (466-469 against 468-471 without a lone block). Only where a part's query heads fill whole quantization blocks
+// (parts_per_combine 1).
 constexpr int kLoneRounds = 4;
 template <int kValues>
-__host__ __device__ constexpr int64_t lone_block_chunks(int64_t kv_heads_per_combine) {
+__host__ __device__ constexpr int64_t lone_block_chunks(int64_t parts_per_combine) {
   using Split = DecodeSplit<kValues>;
-  return kv_heads_per_combine == 1 ? kLoneRounds * Split::kBatch / Split::kPositionsPerTeam : 0;
+  return parts_per_combine == 1 ? kLoneRounds * Split::kBatch / Split::kPositionsPerTeam : 0;
 }
 
 // A lane's values of one cache row as f16 pairs (zero past the head).
@@ -254,21 +255,23 @@ __device__ __forceinline__ void store_output(float value, int64_t first, int i, 
   quantize_element<kBlocks>(value, first + i, active, out.q, out.scales, out.f16, scratch);
 }
 
-// Grid: (thread blocks per kv head, kv heads). `arrivals`: one counter per combine group of
-// kv_heads_per_combine kv heads.
+// Grid: (thread blocks per part, parts). A part is `heads_per_block` consecutive query heads of one kv head's
+// group (heads_per_block()). `arrivals`: one counter per combine group of parts_per_combine parts.
 template <ActivationBlocks kBlocks, int kValues>
 __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     AttentionShape shape, const float* q, const float* k, const float* v, const float* cos_sin, uint16_t* keys,
-    uint16_t* values, const int32_t* step, float scale, int64_t kv_heads_per_combine, float* partials,
-    unsigned* arrivals, ActivationOutput out) {
+    uint16_t* values, const int32_t* step, float scale, int64_t heads_per_block, int64_t parts_per_combine,
+    float* partials, unsigned* arrivals, ActivationOutput out) {
   using Split = DecodeSplit<kValues>;
   start_successor();
   extern __shared__ float dynamic_shared[];
   __shared__ float2 scratch[kDecodeThreads / 32];
   const int block = static_cast<int>(blockIdx.x);
   const int blocks = static_cast<int>(gridDim.x);
-  const int64_t kv_head = blockIdx.y;
-  const int group = static_cast<int>(shape.heads_per_kv_head());
+  const int64_t part = blockIdx.y;
+  const int heads = static_cast<int>(heads_per_block);
+  const int64_t first_head = part * heads;
+  const int64_t kv_head = first_head / shape.heads_per_kv_head();
   const int head_dim = static_cast<int>(shape.head_dim);
   const int64_t kv_dim = shape.kv_dim();
   const int team = static_cast<int>(threadIdx.x / kTeam);
@@ -280,8 +283,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   const int64_t positions = step[0] + 1;
   const int64_t newest = positions - 1;
   const int64_t chunks = (positions + kAttentionChunk - 1) / kAttentionChunk;
-  // A short context: block 0 of the kv head takes every chunk and writes the output itself (lone_block_chunks()).
-  const bool lone = chunks <= lone_block_chunks<kValues>(kv_heads_per_combine);
+  // A short context: block 0 of the part takes every chunk and writes the output itself (lone_block_chunks()).
+  const bool lone = chunks <= lone_block_chunks<kValues>(parts_per_combine);
   if (lone && block != 0) return;
   // The block's chunks: block, block + blocks, ..., or alone all of them.
   const int64_t first_chunk = lone ? 0 : block;
@@ -299,16 +302,17 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   wait_for_predecessor();
   const int64_t stride = head_dim + 2;  // floats of one partial result
 
-  // Shared memory: the scoring teams' softmaxes for the merge, then the group's queries (alone, then its output).
+  // Shared memory: the scoring teams' softmaxes for the merge, then the part's queries (alone, then its output).
   float* merged_acc = dynamic_shared;                                   // [team][value][lane]
   float* maxima = merged_acc + Split::kScoringTeams * kValues * kTeam;  // [team][lane]
   float* sums = maxima + Split::kScoringTeams * kTeam;                  // [team][lane]
-  float* queries = dynamic_shared + Split::kMergeFloats;                // [group][head_dim]
+  float* queries = dynamic_shared + Split::kMergeFloats;                // [heads][head_dim]
   if (first_chunk < chunks) {
-    // The group's queries, rotated and scaled. The block whose chunks include the newest position also puts its
-    // key (rotated) and value into the cache, where its scoring reads them; no other block reads that row.
-    for (int i = static_cast<int>(threadIdx.x); i < group * head_dim; i += kDecodeThreads)
-      queries[i] = rotated(q + (kv_head * group + i / head_dim) * head_dim, i % head_dim, shape, cos_sin) * scale;
+    // The part's queries, rotated and scaled. The block of each part whose chunks include the newest position also
+    // puts its key (rotated) and value into the cache, where its scoring reads them; no other block reads that row,
+    // and the parts of one kv head write the same bits.
+    for (int i = static_cast<int>(threadIdx.x); i < heads * head_dim; i += kDecodeThreads)
+      queries[i] = rotated(q + (first_head + i / head_dim) * head_dim, i % head_dim, shape, cos_sin) * scale;
     if (lone || block == (chunks - 1) % blocks) {
       for (int d = static_cast<int>(threadIdx.x); d < head_dim; d += kDecodeThreads) {
         const int64_t offset = kv_head * head_dim + d;
@@ -319,13 +323,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     __syncthreads();
 
     if (team < Split::kScoringTeams) {
-      const TeamLayout layout(head_dim, group, lane);
+      const TeamLayout layout(head_dim, heads, lane);
       // The lane's values of its head's query (zero for lanes without a head).
       float query[kValues];
 #pragma unroll
       for (int i = 0; i < kValues; ++i) {
         const int d = layout.dim(i);
-        query[i] = layout.slot < group && d < head_dim ? queries[layout.slot * head_dim + d] : 0.0f;
+        query[i] = layout.slot < heads && d < head_dim ? queries[layout.slot * head_dim + d] : 0.0f;
       }
       float maximum = -INFINITY, sum = 0.0f;
       float acc[kValues] = {};
@@ -406,9 +410,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     for (int e = static_cast<int>(threadIdx.x); e < kTeam * kValues; e += kDecodeThreads) {
       const int value_lane = e % kTeam;
       const int i = e / kTeam;
-      const TeamLayout owner(head_dim, group, value_lane);
+      const TeamLayout owner(head_dim, heads, value_lane);
       const int d = owner.dim(i);
-      if (owner.slot >= group || d >= head_dim) continue;
+      if (owner.slot >= heads || d >= head_dim) continue;
       float common = -INFINITY;
 #pragma unroll
       for (int t = 0; t < Split::kScoringTeams; ++t) common = fmaxf(common, maxima[t * kTeam + value_lane]);
@@ -423,7 +427,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
         queries[owner.slot * head_dim + d] = value / total;
         continue;
       }
-      float* partial = partials + ((kv_head * group + owner.slot) * blocks + block) * stride;
+      float* partial = partials + ((first_head + owner.slot) * blocks + block) * stride;
       partial[d] = value;
       if (d == 0) {
         partial[head_dim] = common;
@@ -434,24 +438,24 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
 
   if (lone) {
     __syncthreads();
-    const int outputs = group * head_dim;  // whole quantization blocks
+    const int outputs = heads * head_dim;  // whole quantization blocks
     for (int base = 0; base < outputs; base += kDecodeThreads) {
       const int i = base + static_cast<int>(threadIdx.x);
-      store_output<kBlocks>(i < outputs ? queries[i] : 0.0f, kv_head * outputs, i, outputs, out, scratch);
+      store_output<kBlocks>(i < outputs ? queries[i] : 0.0f, first_head * head_dim, i, outputs, out, scratch);
     }
     return;
   }
 
-  const int64_t combine_group = kv_head / kv_heads_per_combine;
-  if (!arrive_last(arrivals + combine_group, static_cast<unsigned>(kv_heads_per_combine * blocks))) return;
+  const int64_t combine_group = part / parts_per_combine;
+  if (!arrive_last(arrivals + combine_group, static_cast<unsigned>(parts_per_combine * blocks))) return;
 
   // The combining block: kDecodeThreads consecutive output values at a time quantize together; a thread
   // computes its values of two such rounds at once where there are two (combine_partials).
-  const int64_t heads = kv_heads_per_combine * group;
-  const int64_t first = combine_group * heads * head_dim;  // the group's first value
-  const int outputs = static_cast<int>(heads) * head_dim;  // a multiple of the quantization block
+  const int64_t group_heads = parts_per_combine * heads;
+  const int64_t first = combine_group * group_heads * head_dim;  // the group's first value
+  const int outputs = static_cast<int>(group_heads) * head_dim;  // a multiple of the quantization block
   const int used = static_cast<int>(min(static_cast<int64_t>(blocks), chunks));
-  const float* group_partials = partials + combine_group * heads * blocks * stride;
+  const float* group_partials = partials + combine_group * group_heads * blocks * stride;
   for (int base = 0; base < outputs; base += 2 * kDecodeThreads) {
     const int e = base + static_cast<int>(threadIdx.x);
     const auto within = [&](int i) { return min(i, outputs - 1); };  // a value past the end is computed, not kept
@@ -544,39 +548,60 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
 
 float attention_scale(const AttentionShape& shape) { return 1.0f / std::sqrt(static_cast<float>(shape.head_dim)); }
 
+// Query heads a decode thread block takes (a part): a divisor of the kv head's group, the fewest whose outputs fill
+// whole quantization blocks `quantized` values long (so that the part's blocks quantize them alone) and whose heads
+// still give every lane of a team a piece of each row; the whole group where none does. Fewer heads a block mean
+// fewer values a lane (values_per_lane), so shorter chains of dependent steps in every lane and more positions a
+// round of loads (DecodeSplit), on more multiprocessors; each part reads its kv head's keys and values itself.
+// Measured on an H200, decoding tg128 with parts of 2 of the 8B's 4 heads (8 values a lane, one round a chunk)
+// against whole groups (16 values a lane, two rounds a chunk), two rounds each: 8b Q4_K_M 528.5-528.7 ->
+// 558.2-559.1 tokens/s (-p 512: 528.6-529.5 -> 555.7-560.5), 8b F16 214.8-215.1 -> 218.9-219.2; the 1B's heads of
+// 64 values keep whole groups (1786-1793 against 1788-1792).
+int64_t heads_per_block(const AttentionShape& shape, int64_t quantized) {
+  const int64_t group = shape.heads_per_kv_head();
+  for (int64_t heads = 1; heads < group; ++heads)
+    if (group % heads == 0 && heads * shape.head_dim % quantized == 0 &&
+        lanes_per_head(heads) * piece_values(shape.head_dim) <= shape.head_dim)
+      return heads;
+  return group;
+}
+
 }  // namespace
 
+// The partial results for the most thread blocks a part (a whole group a block, the fewest parts), then a
+// counter for up to one part a query head: at the same place for every launch on the buffer, whatever its parts.
 int64_t attention_partials_floats(const AttentionShape& shape, int64_t context) {
-  return decode_partial_floats(shape, decode_blocks(shape, context)) + shape.n_kv_heads;
+  return decode_partial_floats(shape, decode_blocks(shape.n_kv_heads, context)) + shape.n_heads;
 }
 
 void attention_decode(const AttentionShape& shape, const float* q, const float* k, const float* v,
                       const float* cos_sin, uint16_t* key_cache, uint16_t* value_cache, int64_t context,
                       const int32_t* step, float* partials, const ActivationOutput& out, gpuStream_t stream) {
-  const int64_t blocks = decode_blocks(shape, context);
-  const int64_t group = shape.heads_per_kv_head();
   const int64_t quantized = quantization_block(out.blocks);
-  const int64_t kv_heads_per_combine = quantized / std::gcd(group * shape.head_dim, quantized);
-  if (shape.n_kv_heads % kv_heads_per_combine != 0)
+  const int64_t heads = heads_per_block(shape, quantized);
+  const int64_t parts = shape.n_heads / heads;
+  const int64_t parts_per_combine = quantized / std::gcd(heads * shape.head_dim, quantized);
+  if (parts % parts_per_combine != 0)
     fail_with("attention_decode: the output rows are not whole blocks of their 8-bit form");
-  auto* arrivals = reinterpret_cast<unsigned*>(partials + decode_partial_floats(shape, blocks));
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.n_kv_heads));
+  const int64_t blocks = decode_blocks(parts, context);
+  auto* arrivals = reinterpret_cast<unsigned*>(partials + attention_partials_floats(shape, context) - shape.n_heads);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(parts));
   const auto run = [&]<int kValues>() {
     // The teams' softmaxes to merge, and the queries.
     const size_t shared_bytes =
-        sizeof(float) * static_cast<size_t>(DecodeSplit<kValues>::kMergeFloats + group * shape.head_dim);
+        sizeof(float) * static_cast<size_t>(DecodeSplit<kValues>::kMergeFloats + heads * shape.head_dim);
     with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
       launch_overlapped("attention_decode", attention_decode_kernel<kBlocks, kValues>, grid, kDecodeThreads,
                         shared_bytes, stream, shape, q, k, v, cos_sin, key_cache, value_cache, step,
-                        attention_scale(shape), kv_heads_per_combine, partials, arrivals, out);
+                        attention_scale(shape), heads, parts_per_combine, partials, arrivals, out);
     });
   };
-  switch (values_per_lane(shape)) {
+  switch (values_per_lane(shape, heads)) {
     case 8: run.template operator()<8>(); break;
     case 16: run.template operator()<16>(); break;
     case 32: run.template operator()<32>(); break;
     case 64: run.template operator()<64>(); break;
-    default: run.template operator()<128>(); break;  // the largest group of the largest heads
+    default: run.template operator()<128>(); break;  // whole groups of 16 wide heads
   }
 }
 
