@@ -535,16 +535,16 @@ class AttentionCheck {
 };
 
 // Long enough that at its end every decoding thread block takes several chunks (the grid has a few thread
-// blocks per multiprocessor), on GPUs of up to some 500 multiprocessors.
+// blocks per multiprocessor), on GPUs of up to some 250 multiprocessors.
 constexpr int64_t kLongContext = 16384;
 
 // Decoding at the first position, inside the first chunk, past it, and at the end of a long context: all on
 // one partials buffer, as the replays of a captured step are. Between them, the last position that one thread
-// block of a kv head takes alone and the first past it (attention.cu, lone_block_chunks()): two chunks for heads
-// of 128 values that 4 query heads share, four for heads of 64 values that 3 or 4 share.
+// block of a part takes alone and the first past it (attention.cu, lone_block_chunks()): four chunks where a lane
+// holds 8 values of a row (255, 256), one where it holds 16 (63, 64).
 void check_decoding(const model::ModelConfig& c, gpuStream_t stream) {
   const AttentionCheck check(c, kLongContext, stream);
-  for (const int64_t position : {0, 5, 63, 64, 127, 128, 300, static_cast<int>(kLongContext - 1)}) {
+  for (const int64_t position : {0, 5, 63, 64, 127, 128, 255, 256, 300, static_cast<int>(kLongContext - 1)}) {
     check.run(position, 1);
     if (::testing::Test::HasFatalFailure()) return;
   }

@@ -151,29 +151,34 @@ int values_per_lane(const AttentionShape& shape, int64_t heads) {
   return values;
 }
 
-// The decode kernel's work split for kValues values a lane: teams that score (their merge buffers, kValues
-// floats a lane, take at most 4096 floats of shared memory), the positions of a chunk each of them takes
-// (consecutive), and how many of those it loads before it uses the first (the loaded rows take kBatch * kValues
-// registers; measured on an H200 with 16 values a lane, the 8B's kernel took 12.3 us with batches of 2 against
-// 12.9 us with 4, which spilled).
+// The decode kernel's work split for kValues values a lane: teams that score (their merge buffers, kValues floats a
+// lane, take at most 4096 floats of shared memory), the positions of a chunk each of them takes (consecutive), and
+// how many of those it loads before it uses the first (the loaded rows take kBatch * kValues registers; measured on
+// an H200 with 16 values a lane, the 8B's kernel took 12.3 us with batches of 2 against 12.9 us with 4, which
+// spilled). With 8 values a lane a team takes its positions of a chunk in one batch: chunks of 64 positions, batches
+// of 8, against chunks of 32 and batches of 4 (twice the rounds), decoding on an H200 in two calls (F16 in one): 8b
+// Q4_K_M 554.7-560.2 -> 560.7-562.8 tokens/s (-p 512: 557.1-559.0 -> 561.6), 1b Q4_K_M and 8b F16 within noise
+// (1786-1794 against 1782-1795; 219.1-219.4 against 218.9-219.0).
 template <int kValues>
 struct DecodeSplit {
   static constexpr int kScoringTeams = kValues <= 16 ? kDecodeTeams : 4096 / (kTeam * kValues);
   static constexpr int kPositionsPerTeam = static_cast<int>(kAttentionChunk) / kScoringTeams;
-  static constexpr int kBatch = kValues <= 8 ? 4 : kValues <= 32 ? 2 : 1;
+  static constexpr int kBatch = kValues <= 8 ? kPositionsPerTeam : kValues <= 32 ? 2 : 1;
   static constexpr int kMergeFloats = kScoringTeams * kTeam * (kValues + 2);
   static_assert(kAttentionChunk % kScoringTeams == 0 && kPositionsPerTeam % kBatch == 0);
 };
 
-// Chunks that block 0 of a part takes alone while the context has no more (0: never), writing the output
-// itself: no partial results, no arrival, no combining block. Alone, its teams scan the chunks one after another,
-// a round of loads for every kBatch positions, which up to kLoneRounds rounds costs less than what it saves.
-// Measured on an H200, decoding tg128 (-p 0) against no lone block, three rounds: 1b Q4_K_M 1626-1630 -> 1637-1649,
-// 8b 470.6-471.3 -> 473.8-474.8 tokens/s; 2 rounds gained less (1b 1628-1634, 8b 472.5-472.7), 6 no more (1b
-// 1639-1646, 8b 473.6-474.3), 8 gained less on the 8b (469-471 against 472-474 for 4). Copying the chunks to
-// shared memory (64 KB) before the wait for the projections, instead of asking for them in L2, lost on the 8b
-// (466-469 against 468-471 without a lone block). Only where a part's query heads fill whole quantization blocks
-// (parts_per_combine 1).
+// Chunks that block 0 of a part takes alone while the context has no more (0: never), writing the output itself: no
+// partial results, no arrival, no combining block. Alone, its teams scan the chunks one after another, a round of
+// loads for every kBatch positions, which up to kLoneRounds rounds costs less than what it saves. Measured on an
+// H200, decoding tg128 (-p 0) against no lone block, three rounds: 1b Q4_K_M 1626-1630 -> 1637-1649, 8b 470.6-471.3
+// -> 473.8-474.8 tokens/s; 2 rounds gained less (1b 1628-1634, 8b 472.5-472.7), 6 no more (1b 1639-1646, 8b
+// 473.6-474.3), 8 gained less on the 8b (469-471 against 472-474 for 4). Copying the chunks to shared memory (64 KB)
+// before the wait for the projections, instead of asking for them in L2, lost on the 8b (466-469 against 468-471
+// without a lone block). (Those figures were taken with chunks of 32 positions and batches of 4; with chunks of 64
+// and 8 values a lane the four rounds are four chunks, 256 positions, and lone blocks only for the first 128
+// positions measured the same: 8b 559.3-561.8 against 560.8-561.6 tokens/s, -p 0 and -p 512.) Only where a part's
+// query heads fill whole quantization blocks (parts_per_combine 1).
 constexpr int kLoneRounds = 4;
 template <int kValues>
 __host__ __device__ constexpr int64_t lone_block_chunks(int64_t parts_per_combine) {

@@ -144,11 +144,11 @@ void attention_prompt(const AttentionShape& shape, const float* q, const uint16_
 // do not fill whole quantization blocks) combines their partials into out.f32 and, unless out.blocks is None, the
 // 8-bit form of the row (q_dim whole blocks), which the o-projection then reads without another launch. While the
 // context is a few chunks long, one thread block per part takes them all and writes its heads' output without
-// partials. A chunk is what a thread block's teams of 32 lanes take at once (four consecutive positions each
-// where the shape's rows fit their registers). The launch depends on the context, not on the position, so a captured step serves every
-// position. `partials` holds attention_partials_floats() floats (sized for the current device) and is zeroed
+// partials. A chunk is what a thread block's teams of 32 lanes take at once (eight consecutive positions each
+// where the shape's rows fit their registers). The launch depends on the context, not on the position, so a
+// captured step serves every position. `partials` holds attention_partials_floats() floats (sized for the current device) and is zeroed
 // before the first call: its tail counts the blocks that have finished, and every call leaves it zeroed again.
-constexpr int64_t kAttentionChunk = 32;
+constexpr int64_t kAttentionChunk = 64;
 constexpr int64_t kMaxHeadsPerKvHead = 16;
 constexpr int64_t kMaxHeadDim = 256;
 int64_t attention_partials_floats(const AttentionShape& shape, int64_t context);
