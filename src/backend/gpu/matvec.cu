@@ -334,7 +334,12 @@ __device__ __forceinline__ void multiply_block(const MatvecSegment& segment, int
       for (int b = 0; b < kMaxBatch; ++b) {
         float* out = segment.y + b * segment.rows + row + r;
         const float sum = acc[r * kMaxBatch + b];
-        if (b < batch && row + r < segment.rows) *out = accumulate ? *out + sum : sum;
+        if (b < batch && row + r < segment.rows) {
+          if (accumulate)
+            add_to(out, sum);
+          else
+            *out = sum;
+        }
       }
     }
   }
