@@ -12,10 +12,14 @@
 // bytes.
 //
 // Each thread block asks for its rows' bytes in L2 (one bulk prefetch) before it waits for the kernel before it
-// (programmatic dependent launch, device.cuh): the weights do not depend on earlier kernels, so their fetch
-// overlaps the previous kernel's tail. Only launches whose weights take at most an eighth of the L2 do so
-// (prefetches()). By chunks, each lane also issues its first round of loads before that wait (measured on an
-// H200: the 1B's decoding 1100 -> 1162 tokens/s; the same for slices lost 3% on the 8B).
+// (programmatic dependent launch, device.cuh): the weights do not depend on earlier kernels, so their fetch overlaps
+// the previous kernel's tail. Only launches whose weights take at most an eighth of the L2 do so (prefetches()).
+// Each lane also issues its first round of loads before that wait (measured on an H200, by chunks: the 1B's decoding
+// 1100 -> 1162 tokens/s. By slices too, it had lost 3% on the 8B while the small kernels' chains were longer; once
+// their attention and accumulating stores were shorter, in two calls (Q5_K_M in one) against chunks only: 8b Q4_K_M
+// 570.2-571.0 -> 579.4-581.0 tokens/s, 8b Q5_K_M 477.4-479.1 -> 486.0-486.2, 8b F16 221.3-221.5 -> 222.7-224.1, 1b
+// Q4_K_M 1826.1-1829.3 -> 1814.4-1825.8, its one product by slices being its down projection; with slices early only
+// for rows of at most 4096 the 8B gained less and F16 lost).
 //
 // Every lane reads activations for each slice it takes: as many bytes as the weights, times the batch (for
 // 4-bit weights twice as many). For batches of 2 or more, a thread block first copies the activations (up to
@@ -255,7 +259,9 @@ __device__ __forceinline__ void multiply_block(const MatvecSegment& segment, int
     if (weight.scales)
       prefetch_range(weight.scales, block_row * blocks_per_row * 2, (block_row + block_rows) * blocks_per_row * 2);
   }
-  const bool early = kChunks && !staged;
+  // The first round of weight loads goes out before the wait (the top of the file), unless the activations are
+  // staged first.
+  const bool early = !staged;
   if (!early) wait_for_predecessor();
 
   extern __shared__ int4 stage[];
