@@ -135,19 +135,19 @@ void attention_prompt(const AttentionShape& shape, const float* q, const uint16_
                       const uint16_t* value_cache, int64_t n_tokens, const int32_t* step, float* out,
                       gpuStream_t stream);
 
-// One token (decoding) at position step[0], over positions 0 .. step[0], in one launch (split-K). q, k and v
-// are the token's projections before rotation: the launch rotates q and k by the angles cos_sin (rope_table
-// of the one token) and writes k and v to the cache rows of step[0], as rope_and_store would. The query heads
-// of a kv head are taken in parts of a few heads, and the positions are split into chunks of kAttentionChunk,
-// shared out among a fixed number of thread blocks per part, each of which leaves one partial softmax per query
-// head in `partials`. The last of a part's blocks to finish (of a few parts' blocks where one part's query heads
-// do not fill whole quantization blocks) combines their partials into out.f32 and, unless out.blocks is None, the
-// 8-bit form of the row (q_dim whole blocks), which the o-projection then reads without another launch. While the
-// context is a few chunks long, one thread block per part takes them all and writes its heads' output without
-// partials. A chunk is what a thread block's teams of 32 lanes take at once (eight consecutive positions each
-// where the shape's rows fit their registers). The launch depends on the context, not on the position, so a
-// captured step serves every position. `partials` holds attention_partials_floats() floats (sized for the current device) and is zeroed
-// before the first call: its tail counts the blocks that have finished, and every call leaves it zeroed again.
+// One token (decoding) at position step[0], over positions 0 .. step[0], in one launch (split-K). q, k and v are the
+// token's projections before rotation: the launch rotates q and k by the angles cos_sin (rope_table of the one
+// token) and writes k and v to the cache rows of step[0], as rope_and_store would. The query heads of a kv head are
+// taken in parts of a few heads, and the positions are split into chunks of kAttentionChunk, shared out among a
+// fixed number of thread blocks per part, each of which leaves one partial softmax per query head in `partials`. The
+// last of a part's blocks to finish (of a few parts' blocks where one part's query heads do not fill whole
+// quantization blocks) combines their partials into out.f32 and, unless out.blocks is None, the 8-bit form of the
+// row (q_dim whole blocks), which the o-projection then reads without another launch. While the context is a few
+// chunks long, one thread block per part takes them all and writes its heads' output without partials. A chunk is
+// what a thread block's teams of 32 lanes take at once (eight consecutive positions each where the shape's rows fit
+// their registers). The launch depends on the context, not on the position, so a captured step serves every
+// position. `partials` holds attention_partials_floats() floats (sized for the current device) and is zeroed before
+// the first call: its tail counts the blocks that have finished, and every call leaves it zeroed again.
 constexpr int64_t kAttentionChunk = 64;
 constexpr int64_t kMaxHeadsPerKvHead = 16;
 constexpr int64_t kMaxHeadDim = 256;
