@@ -81,9 +81,10 @@ int64_t decode_blocks(int64_t parts, int64_t context) {
 }
 
 // Floats of the partial results: per query head and thread block, head_dim unnormalized outputs, then the
-// block's maximum and sum. The arrival counters follow them.
-int64_t decode_partial_floats(const AttentionShape& shape, int64_t blocks) {
-  return shape.n_heads * blocks * (shape.head_dim + 2);
+// block's maximum and sum; sized for the most thread blocks a part (a whole group a block, the fewest parts), so
+// that the arrival counters after them sit at one place for every launch on the buffer, whatever its parts.
+int64_t decode_partial_floats(const AttentionShape& shape, int64_t context) {
+  return shape.n_heads * decode_blocks(shape.n_kv_heads, context) * (shape.head_dim + 2);
 }
 
 // Values per quantization block of the output form (1: no 8-bit form).
@@ -573,10 +574,9 @@ int64_t heads_per_block(const AttentionShape& shape, int64_t quantized) {
 
 }  // namespace
 
-// The partial results for the most thread blocks a part (a whole group a block, the fewest parts), then a
-// counter for up to one part a query head: at the same place for every launch on the buffer, whatever its parts.
+// The partial results, then an arrival counter for up to one part a query head.
 int64_t attention_partials_floats(const AttentionShape& shape, int64_t context) {
-  return decode_partial_floats(shape, decode_blocks(shape.n_kv_heads, context)) + shape.n_heads;
+  return decode_partial_floats(shape, context) + shape.n_heads;
 }
 
 void attention_decode(const AttentionShape& shape, const float* q, const float* k, const float* v,
@@ -589,7 +589,7 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
   if (parts % parts_per_combine != 0)
     fail_with("attention_decode: the output rows are not whole blocks of their 8-bit form");
   const int64_t blocks = decode_blocks(parts, context);
-  auto* arrivals = reinterpret_cast<unsigned*>(partials + attention_partials_floats(shape, context) - shape.n_heads);
+  auto* arrivals = reinterpret_cast<unsigned*>(partials + decode_partial_floats(shape, context));
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(parts));
   const auto run = [&]<int kValues>() {
     // The teams' softmaxes to merge, and the queries.
