@@ -109,9 +109,9 @@ TEST_P(GpuWeightTypes, MatvecMatchesDequantizedProduct) {
   const ActivationBlocks blocks = activation_blocks(type);
   // 37 rows: not a multiple of the rows per thread block, and odd (one activation row of quantized weights takes two
   // rows a group of lanes: the last group's second row lies past the end). 1024 columns: several slices per lane;
-  // 4864 (19 super-blocks): a whole team per row whose lanes get unequal shares, some none in their second round;
-  // 9472 (37 super-blocks): two teams per row.
-  for (const int64_t cols : {1024, 4864, 9472}) {
+  // 4096 (16 super-blocks): a whole team per row; 4864 (19 super-blocks) and 9472 (37): two teams per row, whose lanes
+  // get unequal shares, some none in their second round.
+  for (const int64_t cols : {1024, 4096, 4864, 9472}) {
     const TestMatrix m = make_matrix(type, 37, cols, stream());
     for (int batch = 1; batch <= kMaxMatvecBatch; ++batch) {
       const std::vector<float> x = test::random_normal(static_cast<size_t>(batch * m.cols), 100 + batch);

@@ -59,7 +59,14 @@ namespace {
 // 256 threads lost 5-6% (1b 1620-1631, 8b 474-476). Handing each group of lanes its rows in turn from a grid of
 // resident blocks, instead of thread blocks of a few rows each, gained nothing (8b 498-499) and lost 3.5% on F16.
 constexpr int kThreads = 64;
-constexpr int kMaxStagedBytes = 48 * 1024;
+
+// Accumulators of a group of lanes (kMaxBatch * kRows): a batch's rows, or for one activation row up to four output
+// rows. Where two teams take a row, the second hands its accumulators to the first through shared memory.
+constexpr int kMaxAccumulators = kMaxMatvecBatch;
+constexpr int64_t kTeamSumsBytes = kThreads / kTeam * kMaxAccumulators * sizeof(float);
+// Staged activations take what a launch may have of shared memory without asking for more (48 KiB) less the teams'
+// exchange: staged, a batch of 3 rows of 4096 f32 values (48 KiB) had failed to launch ("invalid argument").
+constexpr int64_t kMaxStagedBytes = 48 * 1024 - kTeamSumsBytes;
 
 // Output rows of a thread block whose groups of `lanes` lanes take `group_rows` rows each.
 __host__ __device__ constexpr int64_t rows_of_block(int lanes, int group_rows) {
@@ -285,6 +292,7 @@ __device__ __forceinline__ void multiply_block(const MatvecSegment& segment, int
   }
 
   constexpr int kAcc = kMaxBatch * kRows;
+  static_assert(kAcc <= kMaxAccumulators);
   float acc[kAcc] = {};  // [row][batch row]
   if constexpr (kChunks) {
     using C = ChunkDecoder<T>;
@@ -376,18 +384,23 @@ __global__ void __launch_bounds__(kThreads, 8)
     multiply_block<First>(s.segment, block, cols, first_shape, input, 1, false, accumulate, prefetch);
 }
 
-constexpr int64_t kTwoTeamCols = 8192;
+constexpr int64_t kTwoTeamCols = 4096;
+
+// Chunks of a row a lane takes at most where a team suffices for the row. Four (one round of Q4_K's loads) had given
+// the 1B's products of 2048 columns 16 lanes a row; two, decoding 1b Q4_K_M on an H200 in one call, three rounds:
+// 1838-1854 -> 1898-1915 tokens/s (the 8B's chunk rows already had a team: unchanged).
+constexpr int kChunksPerLane = 2;
 
 // Lanes per row, at least 4 and the pieces of a block, at most a team (two for the widest rows): for slices,
 // four to eight slices per lane, or two to four where a group of lanes takes kRows > 1 rows; for chunks, enough
-// lanes that each takes one round of kUnroll chunks where a team suffices.
+// lanes that each takes at most kChunksPerLane chunks where a team suffices.
 template <TensorType T, bool kChunks, int kRows>
 int lanes_per_row(int64_t cols) {
   const int64_t blocks = cols / Decoder<T>::kBlockElements;
   int lanes = 4;
   if constexpr (kChunks) {
     lanes = std::max(lanes, ChunkDecoder<T>::kChunks);
-    while (lanes < kTeam && lanes * ChunkDecoder<T>::kUnroll < blocks * ChunkDecoder<T>::kChunks) lanes *= 2;
+    while (lanes < kTeam && lanes * kChunksPerLane < blocks * ChunkDecoder<T>::kChunks) lanes *= 2;
   } else {
     // Groups that take two rows are half as many; twice the lanes a row gives the launch its thread blocks back.
     // Measured on an H200 (bench_gpu_matvec, batch 1) for the K-quants' rows of 4096 (64 slices), where that
@@ -402,7 +415,10 @@ int lanes_per_row(int64_t cols) {
   // Rows wider than kTwoTeamCols take two teams, which doubles the thread blocks of a product with few such
   // rows (the 8B's down projection: 4096 rows of 14336, 1.3 waves of thread blocks with one team a row, whose
   // second wave kept the device a third busy): H200, down Q4_K 16.7 -> 14.8 us, Q6_K 18.6 -> 17.4 us, F16
-  // 47.0 -> 35.5 us. The 1B's down rows (8192) lost with two teams (6.1 -> 7.0 us: 0.65 -> 1.3 waves).
+  // 47.0 -> 35.5 us. The 1B's down rows (8192) had lost with two teams while thread blocks were 128 threads (6.1 ->
+  // 7.0 us alone); with blocks of 64 threads and four rows a group, decoding 1b Q4_K_M on an H200 in one call, six
+  // runs against three: 1820-1824 -> 1830-1848 tokens/s (the 8B's products, 4096 wide, unchanged: rows of 4096
+  // with two teams lost 4.6%).
   if (lanes == kTeam && cols > kTwoTeamCols) lanes = 2 * kTeam;
   return lanes;
 }
