@@ -483,8 +483,8 @@ void launch(std::span<const MatvecSegment> segments, int64_t cols, const Product
                     staged, accumulate, prefetches(segments, [&](size_t) { return shape.row_bytes; }));
 }
 
-// The types whose products by slices take four rows a group of lanes wherever the launch keeps two thread blocks
-// per multiprocessor with four (four_rows_fill). Measured on an H200 with 64-thread blocks, decoding llama3-8b
+// The types whose products by slices take four rows a group of lanes wherever the launch still has thread blocks
+// enough with four (four_rows_fill). Measured on an H200 with 64-thread blocks, decoding llama3-8b
 // files of one type (Q4_K_M: its Q4_K products) against two rows: Q4_K_M 502.2-502.4 -> 519.1-519.2 tokens/s,
 // Q4_0 484.1 -> 515.7, Q4_1 486 -> 512, Q8_0 363.4 -> 380-381; the others lost (Q5_K_M 441-442 -> 417.5, Q5_0
 // 410 -> 396-397, Q5_1 409 -> 394-396, Q2_K 306.5 -> 283.5, Q3_K 276-277 -> 263, IQ4_XS 392 -> 378-379) or
@@ -495,12 +495,18 @@ template <TensorType T>
 constexpr bool kFourRowSlices =
     T == TensorType::Q4_0 || T == TensorType::Q4_1 || T == TensorType::Q8_0 || T == TensorType::Q4_K;
 
-// Whether a launch of `rows` rows of T, `cols` wide, keeps two thread blocks per multiprocessor with four rows a
-// group of lanes (by chunks or by slices).
+// Whether a launch of `rows` rows of T, `cols` wide, has at least kFourRowBlocksPerMultiprocessor thread blocks per
+// multiprocessor with four rows a group of lanes (by chunks or by slices). Three rather than two: the 1B's q + k
+// (2560 rows of 2048, 320 thread blocks with four rows) then take two rows and twice the thread blocks; decoding on
+// an H200 in one call, three rounds: 1b Q4_K_M 1903.7-1916.8 -> 1962.3-1965.2 tokens/s, 8b unchanged (its launches
+// have either more thread blocks or fewer); with four a multiprocessor the 8B's attention output (512 thread blocks)
+// took two rows as well and lost 0.3%, with one nothing changed.
+constexpr int64_t kFourRowBlocksPerMultiprocessor = 3;
 template <TensorType T, bool kChunks>
 bool four_rows_fill(int64_t cols, int64_t rows) {
   static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
-  return rows / rows_of_block(lanes_per_row<T, kChunks, 4>(cols), 4) >= 2 * multiprocessors;
+  const int64_t blocks = rows / rows_of_block(lanes_per_row<T, kChunks, 4>(cols), 4);
+  return blocks >= kFourRowBlocksPerMultiprocessor * multiprocessors;
 }
 
 // Calls fn.template operator()<V>() with the variant V that computes `rows` rows of T, `cols` wide, for batches
@@ -511,7 +517,7 @@ void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
   if constexpr (ChunkDecoder<T>::kDefined) {
     if (cols / Decoder<T>::kBlockElements <= ChunkDecoder<T>::kMaxRowBlocks) {
       if constexpr (kMaxBatch == 1) {
-        // Four rows a group of lanes where the launch keeps two thread blocks per multiprocessor; two where it
+        // Four rows a group of lanes where the launch still has thread blocks enough (four_rows_fill); two where it
         // would not (measured on an H200 against two: the 1B's gate + up 6.3 -> 4.8 us, the 8B's Q6_K down
         // 15.1 -> 13.5 us, output matrix 118.4 -> 112.3 us; the 1B's down, 128 thread blocks with four, 6.2 ->
         // 8.5 us).
@@ -526,8 +532,8 @@ void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
   }
   // One activation row of quantized weights: two output rows a group of lanes (see the top of the file), four
   // where a row takes two teams (wider than kTwoTeamCols: the 8B's down projection), and for the types whose
-  // slices decode in few instructions (kFourRowSlices) also where the launch keeps two thread blocks per
-  // multiprocessor with four. Measured on an H200, decoding with four for the widest rows against two: 8b Q4_K_M
+  // slices decode in few instructions (kFourRowSlices) also where the launch still has thread blocks enough with
+  // four (four_rows_fill). Measured on an H200, decoding with four for the widest rows against two: 8b Q4_K_M
   // 465.1-466.0 -> 467.3-468.7 tokens/s, 8b Q4_0 446.1-447.6 -> 454.9-456.8, 8b Q5_K_M 423.6-424.1 -> 423.3-423.4
   // (before the large products stopped prefetching, prefetches(), the same rule had lost: 8b Q4_K_M 401.6 -> 399.0).
   if constexpr (kMaxBatch == 1 && kReadsQuantizedActivations<T>) {
