@@ -109,10 +109,10 @@ TEST_P(GpuWeightTypes, MatvecMatchesDequantizedProduct) {
   const ActivationBlocks blocks = activation_blocks(type);
   // 37 rows: not a multiple of the rows per thread block, and odd (one activation row of quantized weights takes two
   // rows a group of lanes: the last group's second row lies past the end). 1024 columns: several slices per lane;
-  // 4096 (16 super-blocks): a whole team per row for one activation row, and for f32 activations a batch of 3 is 48 KiB,
-  // just past what the staging takes (staged, it had failed to launch); 4864 (19 super-blocks): two teams per row for
-  // one activation row, a group of 16 lanes for a batch, whose lanes get unequal shares, some none in their second
-  // round; 9472 (37 super-blocks): two teams per row at every batch.
+  // 4096 (16 super-blocks): a whole team per row for one activation row, and for f32 activations a batch of 3 is
+  // 48 KiB, just past what the staging takes (staged, it had failed to launch); 4864 (19 super-blocks): two teams
+  // per row for one activation row, a group of 16 lanes for a batch, whose lanes get unequal shares, some none in
+  // their second round; 9472 (37 super-blocks): two teams per row at every batch.
   for (const int64_t cols : {1024, 4096, 4864, 9472}) {
     const TestMatrix m = make_matrix(type, 37, cols, stream());
     for (int batch = 1; batch <= kMaxMatvecBatch; ++batch) {
