@@ -463,10 +463,12 @@ class AttentionCheck {
       expect_same_cache(to_host<uint16_t>(keys_device, keys_cpu.size()), keys_cpu);
       expect_same_cache(to_host<uint16_t>(values_device, values_cpu.size()), values_cpu);
     };
-    const auto expect_output_matches_cpu = [&](const std::string& what) {
+    // Scoring with f16 queries and weights (attention_decode_rounds_to_f16) differs from the CPU's f32 by up to about
+    // 1e-3 on these values (N(0, 1): 7.5e-4 measured on an H200), f32 scoring by rounding only.
+    const auto expect_output_matches_cpu = [&](const std::string& what, float tolerance) {
       const std::vector<float> got = to_host<float>(out, expected.size());
       for (size_t i = 0; i < expected.size(); ++i)
-        ASSERT_NEAR(got[i], expected[i], 2e-5f) << what << ", position " << position << ", value " << i;
+        ASSERT_NEAR(got[i], expected[i], tolerance) << what << ", position " << position << ", value " << i;
     };
 
     if (n_tokens > 1) {
@@ -479,7 +481,7 @@ class AttentionCheck {
       attention_prompt(shape_, q_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(),
                        n_tokens, step_device.as<int32_t>(), out.as<float>(), stream_);
       check(gpuStreamSynchronize(stream_), "attention test");
-      expect_output_matches_cpu("prompt");
+      expect_output_matches_cpu("prompt", 2e-5f);
       return;
     }
     const size_t n = expected.size();
@@ -507,7 +509,7 @@ class AttentionCheck {
       check(gpuStreamSynchronize(stream_), "attention test");
       expect_cache_matches_cpu();
       if (::testing::Test::HasFatalFailure()) return;
-      expect_output_matches_cpu(what);
+      expect_output_matches_cpu(what, attention_decode_rounds_to_f16(shape_, output.blocks) ? 4e-3f : 2e-5f);
       if (::testing::Test::HasFatalFailure() || output.blocks == ActivationBlocks::None) continue;
 
       quantize_rows(output.blocks, out.as<float>(), 1, q_dim, expected_levels.as<int8_t>(),

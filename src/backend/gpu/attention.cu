@@ -10,7 +10,8 @@
 // positions of every chunk and keeps its own running softmax (maximum, sum and weighted values) in registers for
 // all the query heads of the part, reading each key and value once for all of them, with no barrier between
 // positions: the team's lanes are split among the heads, and a head's lanes among the pieces of the row. The
-// block then merges its teams' softmaxes through shared memory into one partial result per head. The last block
+// block then merges its teams' softmaxes through shared memory into one partial result per head. On CUDA, heads of
+// 64 values are scored on tensor cores instead (score_on_tensor_cores()), into the same merge. The last block
 // to finish among those of a combine group learns so from a counter in device memory; it rescales the group's
 // partials to a common maximum, sums them, and writes the output rows together with their 8-bit form for the
 // o-projection, which would otherwise take a combine kernel and a quantization kernel of their own. A combine
@@ -46,6 +47,9 @@ static_assert(sizeof(unsigned) == sizeof(float), "the arrival counters take floa
 // keeps two): more blocks scan a long context in fewer chunks each, fewer leave fewer partials for the
 // combining block.
 constexpr int64_t kDecodeBlocksPerMultiprocessor = 2;
+
+// Heads of this many values score on tensor cores (scores_on_tensor_cores()).
+constexpr int kTensorCoreHeadDim = 64;
 
 int64_t max_splits(int64_t context) { return (context + kAttentionChunk - 1) / kAttentionChunk; }
 
@@ -215,6 +219,226 @@ struct RowPart {
   __device__ float2 pair(int j) const { return load_halves(&pairs[j]); }
 };
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// Tensor-core steps of the decode scoring (sm_80 on): d += a * b with f16 inputs and f32 sums, lane 4g + t holding
+// rows g (and g + 8, here always zero: at most 8 query heads) of a and d, and column g of b (PTX ISA, mma.m16n8k16
+// and mma.m16n8k8 fragments). a0 holds row g's columns 2t and 2t + 1, a2 its columns 2t + 8 and 2t + 9; b0 column g's
+// rows 2t and 2t + 1, b1 its rows 2t + 8 and 2t + 9; d0 and d1 row g's columns 2t and 2t + 1.
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_m16n8k8(float (&d)[4], uint32_t a0, uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(0u), "r"(b0));
+}
+
+__device__ __forceinline__ uint32_t pack_halves(float low, float high) {
+  const __half2 pair = __floats2half2_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// A scoring team's softmax over its positions of the block's chunks on tensor cores, written to the merge buffers in
+// the layout of the scalar scoring (TeamLayout with 8 values a lane). Each step takes the team's 8 positions of a
+// chunk: scores = queries (the part's heads as rows) x keys, then outputs += weights x values; the rows of
+// kChunksAtOnce chunks are loaded before the first is scored. The dot products run over the head's dimensions in
+// any order, so lane 4g + t takes dimensions t * kHeadDim / 4 onwards of key g (16-byte loads) and gives them to
+// the k-steps as the fragments want them; the values' dimensions are permuted too (output tile j, column n is
+// dimension n * kHeadDim / 8 + j), so that lane 4g + t loads dimensions g * kHeadDim / 8 onwards of positions 2t
+// and 2t + 1 and pairs them with byte permutes. Queries and weights are rounded to f16. Against the scalar scoring,
+// a lane holds a quarter of a key row instead of every head slot holding all of it, so the rows of two chunks (all
+// of tg128's) are in flight at once, and a step takes a few dozen instructions instead of a few hundred.
+template <int kHeadDim, int kChunksAtOnce>
+__device__ __forceinline__ void score_on_tensor_cores(const float* queries, int heads, int lanes_per_head,
+                                                      const uint16_t* keys, const uint16_t* values, int64_t kv_dim,
+                                                      int64_t kv_head, int64_t positions, int64_t first_chunk,
+                                                      int64_t chunks, int64_t chunk_step, int team, int lane,
+                                                      float* merged_acc, float* maxima, float* sums) {
+  constexpr int kSteps = kHeadDim / 16;
+  constexpr int kTiles = kHeadDim / 8;
+  constexpr int kKeyLoads = kHeadDim / 32;
+  constexpr int kValueLoads = kHeadDim / 64;
+  constexpr int kPositions = 8;  // a team's positions of a chunk: the columns of the scores
+  static_assert(kAttentionChunk == kDecodeTeams * kPositions);
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int key_first = t * (kHeadDim / 4);
+  const int value_first = g * (kHeadDim / 8);
+  uint32_t query[kSteps][2];
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float2 pair = *reinterpret_cast<const float2*>(queries + g * kHeadDim + key_first + 4 * s + 2 * half);
+      query[s][half] = g < heads ? pack_halves(pair.x, pair.y) : 0u;
+    }
+  float acc[kTiles][4] = {};
+  float maximum = -INFINITY, sum = 0.0f;
+  const int64_t head_offset = kv_head * kHeadDim;
+  const int4 zero = make_int4(0, 0, 0, 0);
+  for (int64_t chunk = first_chunk; chunk < chunks; chunk += chunk_step * kChunksAtOnce) {
+    int4 key[kChunksAtOnce][kKeyLoads], value[kChunksAtOnce][2][kValueLoads];
+    int64_t first[kChunksAtOnce];
+#pragma unroll
+    for (int c = 0; c < kChunksAtOnce; ++c) {
+      const int64_t this_chunk = chunk + c * chunk_step;
+      first[c] = this_chunk < chunks ? this_chunk * kAttentionChunk + team * kPositions : positions;
+      const int64_t key_position = first[c] + g;
+#pragma unroll
+      for (int i = 0; i < kKeyLoads; ++i)
+        key[c][i] = key_position < positions ? load_16(keys + key_position * kv_dim + head_offset + key_first + 8 * i)
+                                             : zero;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t value_position = first[c] + 2 * t + r;
+#pragma unroll
+        for (int i = 0; i < kValueLoads; ++i)
+          value[c][r][i] = value_position < positions
+                               ? load_16(values + value_position * kv_dim + head_offset + value_first + 8 * i)
+                               : zero;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kChunksAtOnce; ++c) {
+      if (first[c] >= positions) break;
+      float score[4] = {};
+      const auto* key_words = reinterpret_cast<const uint32_t*>(key[c]);
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s)
+        mma_m16n8k16(score, query[s][0], query[s][1], key_words[2 * s], key_words[2 * s + 1]);
+      const float s0 = first[c] + 2 * t < positions ? score[0] : -INFINITY;
+      const float s1 = first[c] + 2 * t + 1 < positions ? score[1] : -INFINITY;
+      float batch_maximum = fmaxf(s0, s1);
+      batch_maximum = fmaxf(batch_maximum, shuffle_xor(batch_maximum, 1, kTeam));
+      batch_maximum = fmaxf(batch_maximum, shuffle_xor(batch_maximum, 2, kTeam));
+      const float new_maximum = fmaxf(maximum, batch_maximum);
+      const float rescale = __expf(maximum - new_maximum);
+      const float w0 = __expf(s0 - new_maximum);
+      const float w1 = __expf(s1 - new_maximum);
+      sum = sum * rescale + w0 + w1;
+      maximum = new_maximum;
+      const uint32_t weights = pack_halves(w0, w1);
+      const auto* low = reinterpret_cast<const uint32_t*>(value[c][0]);
+      const auto* high = reinterpret_cast<const uint32_t*>(value[c][1]);
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        acc[j][0] *= rescale;
+        acc[j][1] *= rescale;
+        mma_m16n8k8(acc[j], weights, __byte_perm(low[j / 2], high[j / 2], j % 2 ? 0x7632 : 0x5410));
+      }
+    }
+  }
+  float total = sum + shuffle_xor(sum, 1, kTeam);
+  total += shuffle_xor(total, 2, kTeam);
+  if (g >= heads) return;
+  // Dimension d of head g is value d % 8 of lane g * lanes_per_head + d / 8 (TeamLayout, 8 values a lane).
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int d = (2 * t + e) * (kHeadDim / 8) + j;
+      merged_acc[(team * 8 + d % 8) * kTeam + g * lanes_per_head + d / 8] = acc[j][e];
+    }
+  for (int sub = t; sub < lanes_per_head; sub += 4) {
+    maxima[team * kTeam + g * lanes_per_head + sub] = maximum;
+    sums[team * kTeam + g * lanes_per_head + sub] = total;
+  }
+}
+#endif
+
+// A scoring team's softmax over its positions of the block's chunks, each lane holding kValues values of its head's
+// rows (TeamLayout), written to the merge buffers.
+template <int kValues>
+__device__ __forceinline__ void score_by_lanes(const float* queries, int heads, int head_dim, const uint16_t* keys,
+                                               const uint16_t* values, int64_t kv_dim, int64_t kv_head,
+                                               int64_t positions, int64_t first_chunk, int64_t chunks,
+                                               int64_t chunk_step, int team, int lane, float* merged_acc,
+                                               float* maxima, float* sums) {
+  using Split = DecodeSplit<kValues>;
+  const TeamLayout layout(head_dim, heads, lane);
+  // The lane's values of its head's query (zero for lanes without a head).
+  float query[kValues];
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    const int d = layout.dim(i);
+    query[i] = layout.slot < heads && d < head_dim ? queries[layout.slot * head_dim + d] : 0.0f;
+  }
+  float maximum = -INFINITY, sum = 0.0f;
+  float acc[kValues] = {};
+  for (int64_t chunk = first_chunk; chunk < chunks; chunk += chunk_step) {
+    for (int first = 0; first < Split::kPositionsPerTeam; first += Split::kBatch) {
+      const int64_t position = chunk * kAttentionChunk + team * Split::kPositionsPerTeam + first;
+      if (position >= positions) break;  // the team's (and its later batches') positions are all past the end
+      RowPart<kValues> key[Split::kBatch], value[Split::kBatch];
+#pragma unroll
+      for (int u = 0; u < Split::kBatch; ++u) {
+        const int64_t row = (position + u) * kv_dim + kv_head * head_dim;
+        key[u].load(keys + row, layout, position + u < positions);
+        value[u].load(values + row, layout, position + u < positions);
+      }
+      // Scores: the lane's share of each dot product, summed over the lanes of its head, the batch's
+      // positions side by side in each step of the exchange so that their shuffles overlap (a loop per
+      // position ran them one after another). The exponentials below take the fast path: their arguments are
+      // at most zero. Measured on an H200, decoding 1b Q4_K_M 1694-1710 -> 1725-1733 tokens/s, 8b
+      // 478-481 -> 483.
+      float score[Split::kBatch];
+#pragma unroll
+      for (int u = 0; u < Split::kBatch; ++u) {
+        score[u] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kValues / 2; ++j) {
+          const float2 kj = key[u].pair(j);
+          score[u] += query[2 * j] * kj.x + query[2 * j + 1] * kj.y;
+        }
+      }
+#pragma unroll
+      for (int mask = kTeam / 2; mask > 0; mask /= 2)
+        if (mask < layout.lanes_per_head)
+#pragma unroll
+          for (int u = 0; u < Split::kBatch; ++u) score[u] += shuffle_xor(score[u], mask, kTeam);
+      float batch_maximum = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < Split::kBatch; ++u) {
+        if (position + u >= positions) score[u] = -INFINITY;
+        batch_maximum = fmaxf(batch_maximum, score[u]);
+      }
+      // The running softmax: the new maximum, the batch's weights under it, and the factor that brings what
+      // came before to it.
+      const float new_maximum = fmaxf(maximum, batch_maximum);
+      const float rescale = __expf(maximum - new_maximum);
+      float weight[Split::kBatch];
+      float total = 0.0f;
+#pragma unroll
+      for (int u = 0; u < Split::kBatch; ++u) {
+        weight[u] = __expf(score[u] - new_maximum);
+        total += weight[u];
+      }
+      sum = sum * rescale + total;
+      maximum = new_maximum;
+#pragma unroll
+      for (int j = 0; j < kValues / 2; ++j) {
+        float2 weighted = {acc[2 * j] * rescale, acc[2 * j + 1] * rescale};
+#pragma unroll
+        for (int u = 0; u < Split::kBatch; ++u) {
+          const float2 vj = value[u].pair(j);
+          weighted.x += weight[u] * vj.x;
+          weighted.y += weight[u] * vj.y;
+        }
+        acc[2 * j] = weighted.x;
+        acc[2 * j + 1] = weighted.y;
+      }
+    }
+  }
+  // The team's softmax to shared memory.
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) merged_acc[(team * kValues + i) * kTeam + lane] = acc[i];
+  maxima[team * kTeam + lane] = maximum;
+  sums[team * kTeam + lane] = sum;
+}
+
 // Output values e[0 .. kValues) of a combine group whose partials start at group_partials: each the sum of its
 // head's partials of the `used` blocks that had chunks, brought to their common maximum, divided by the
 // softmax's sum under it. The maximum is taken first, so that the partials' factors do not wait on each other
@@ -262,8 +486,9 @@ __device__ __forceinline__ void store_output(float value, int64_t first, int i, 
 }
 
 // Grid: (thread blocks per part, parts). A part is `heads_per_block` consecutive query heads of one kv head's
-// group (heads_per_block()). `arrivals`: one counter per combine group of parts_per_combine parts.
-template <ActivationBlocks kBlocks, int kValues>
+// group (heads_per_block()). `arrivals`: one counter per combine group of parts_per_combine parts. kTensorCores: the
+// teams score on tensor cores (scores_on_tensor_cores()) where the device has them.
+template <ActivationBlocks kBlocks, int kValues, bool kTensorCores>
 __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     AttentionShape shape, const float* q, const float* k, const float* v, const float* cos_sin, uint16_t* keys,
     uint16_t* values, const int32_t* step, float scale, int64_t heads_per_block, int64_t parts_per_combine,
@@ -329,85 +554,15 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     __syncthreads();
 
     if (team < Split::kScoringTeams) {
-      const TeamLayout layout(head_dim, heads, lane);
-      // The lane's values of its head's query (zero for lanes without a head).
-      float query[kValues];
-#pragma unroll
-      for (int i = 0; i < kValues; ++i) {
-        const int d = layout.dim(i);
-        query[i] = layout.slot < heads && d < head_dim ? queries[layout.slot * head_dim + d] : 0.0f;
-      }
-      float maximum = -INFINITY, sum = 0.0f;
-      float acc[kValues] = {};
-      for (int64_t chunk = first_chunk; chunk < chunks; chunk += chunk_step) {
-        for (int first = 0; first < Split::kPositionsPerTeam; first += Split::kBatch) {
-          const int64_t position = chunk * kAttentionChunk + team * Split::kPositionsPerTeam + first;
-          if (position >= positions) break;  // the team's (and its later batches') positions are all past the end
-          RowPart<kValues> key[Split::kBatch], value[Split::kBatch];
-#pragma unroll
-          for (int u = 0; u < Split::kBatch; ++u) {
-            const int64_t row = (position + u) * kv_dim + kv_head * head_dim;
-            key[u].load(keys + row, layout, position + u < positions);
-            value[u].load(values + row, layout, position + u < positions);
-          }
-          // Scores: the lane's share of each dot product, summed over the lanes of its head, the batch's
-          // positions side by side in each step of the exchange so that their shuffles overlap (a loop per
-          // position ran them one after another). The exponentials below take the fast path: their arguments are
-          // at most zero. Measured on an H200, decoding 1b Q4_K_M 1694-1710 -> 1725-1733 tokens/s, 8b
-          // 478-481 -> 483.
-          float score[Split::kBatch];
-#pragma unroll
-          for (int u = 0; u < Split::kBatch; ++u) {
-            score[u] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < kValues / 2; ++j) {
-              const float2 kj = key[u].pair(j);
-              score[u] += query[2 * j] * kj.x + query[2 * j + 1] * kj.y;
-            }
-          }
-#pragma unroll
-          for (int mask = kTeam / 2; mask > 0; mask /= 2)
-            if (mask < layout.lanes_per_head)
-#pragma unroll
-              for (int u = 0; u < Split::kBatch; ++u) score[u] += shuffle_xor(score[u], mask, kTeam);
-          float batch_maximum = -INFINITY;
-#pragma unroll
-          for (int u = 0; u < Split::kBatch; ++u) {
-            if (position + u >= positions) score[u] = -INFINITY;
-            batch_maximum = fmaxf(batch_maximum, score[u]);
-          }
-          // The running softmax: the new maximum, the batch's weights under it, and the factor that brings what
-          // came before to it.
-          const float new_maximum = fmaxf(maximum, batch_maximum);
-          const float rescale = __expf(maximum - new_maximum);
-          float weight[Split::kBatch];
-          float total = 0.0f;
-#pragma unroll
-          for (int u = 0; u < Split::kBatch; ++u) {
-            weight[u] = __expf(score[u] - new_maximum);
-            total += weight[u];
-          }
-          sum = sum * rescale + total;
-          maximum = new_maximum;
-#pragma unroll
-          for (int j = 0; j < kValues / 2; ++j) {
-            float2 weighted = {acc[2 * j] * rescale, acc[2 * j + 1] * rescale};
-#pragma unroll
-            for (int u = 0; u < Split::kBatch; ++u) {
-              const float2 vj = value[u].pair(j);
-              weighted.x += weight[u] * vj.x;
-              weighted.y += weight[u] * vj.y;
-            }
-            acc[2 * j] = weighted.x;
-            acc[2 * j + 1] = weighted.y;
-          }
-        }
-      }
-      // The team's softmax to shared memory.
-#pragma unroll
-      for (int i = 0; i < kValues; ++i) merged_acc[(team * kValues + i) * kTeam + lane] = acc[i];
-      maxima[team * kTeam + lane] = maximum;
-      sums[team * kTeam + lane] = sum;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+      if constexpr (kTensorCores)
+        score_on_tensor_cores<kTensorCoreHeadDim, 2>(queries, heads, lanes_per_head(heads), keys, values, kv_dim,
+                                                     kv_head, positions, first_chunk, chunks, chunk_step, team, lane,
+                                                     merged_acc, maxima, sums);
+      else
+#endif
+        score_by_lanes<kValues>(queries, heads, head_dim, keys, values, kv_dim, kv_head, positions, first_chunk,
+                                chunks, chunk_step, team, lane, merged_acc, maxima, sums);
     }
     __syncthreads();
 
@@ -572,7 +727,27 @@ int64_t heads_per_block(const AttentionShape& shape, int64_t quantized) {
   return group;
 }
 
+// Whether the decode kernel's teams score on tensor cores (score_on_tensor_cores) where a thread block takes `heads`
+// query heads: on CUDA, for heads of kTensorCoreHeadDim values, 8 values a lane (at most 8 heads: the rows g of the
+// fragments). Measured on an H200, decoding tg128 (-p 0), 1b Q4_K_M (heads of 64, 4 a block): 1957.6-1964.0 ->
+// 2011.1-2016.8 tokens/s in one call, 1943.9-1961.5 -> 2004.7-2013.4 in another (two and three rounds). The 8B's heads of 128 (2 a block) lost on tensor cores, 580.9 ->
+// 576.3-578.9 with their queries read from shared memory at each k-step (572.4-575.4 in registers, which spilled),
+// and 8b F16 222.2 -> 221.7: those keep the scalar scoring.
+bool scores_on_tensor_cores(const AttentionShape& shape, int64_t heads) {
+#if defined(ROCMFORGE_GPU_HIP)
+  (void)shape;
+  (void)heads;
+  return false;
+#else
+  return shape.head_dim == kTensorCoreHeadDim && heads <= 8 && values_per_lane(shape, heads) == 8;
+#endif
+}
+
 }  // namespace
+
+bool attention_decode_rounds_to_f16(const AttentionShape& shape, ActivationBlocks blocks) {
+  return scores_on_tensor_cores(shape, heads_per_block(shape, quantization_block(blocks)));
+}
 
 // The partial results, then an arrival counter for up to one part a query head.
 int64_t attention_partials_floats(const AttentionShape& shape, int64_t context) {
@@ -595,11 +770,17 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
     // The teams' softmaxes to merge, and the queries.
     const size_t shared_bytes =
         sizeof(float) * static_cast<size_t>(DecodeSplit<kValues>::kMergeFloats + heads * shape.head_dim);
-    with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
-      launch_overlapped("attention_decode", attention_decode_kernel<kBlocks, kValues>, grid, kDecodeThreads,
-                        shared_bytes, stream, shape, q, k, v, cos_sin, key_cache, value_cache, step,
-                        attention_scale(shape), heads, parts_per_combine, partials, arrivals, out);
-    });
+    const auto launch = [&]<bool kTensorCores>() {
+      with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
+        launch_overlapped("attention_decode", attention_decode_kernel<kBlocks, kValues, kTensorCores>, grid,
+                          kDecodeThreads, shared_bytes, stream, shape, q, k, v, cos_sin, key_cache, value_cache, step,
+                          attention_scale(shape), heads, parts_per_combine, partials, arrivals, out);
+      });
+    };
+    if constexpr (kValues == 8) {
+      if (scores_on_tensor_cores(shape, heads)) return launch.template operator()<true>();
+    }
+    launch.template operator()<false>();
   };
   switch (values_per_lane(shape, heads)) {
     case 8: run.template operator()<8>(); break;

@@ -155,5 +155,9 @@ int64_t attention_partials_floats(const AttentionShape& shape, int64_t context);
 void attention_decode(const AttentionShape& shape, const float* q, const float* k, const float* v,
                       const float* cos_sin, uint16_t* key_cache, uint16_t* value_cache, int64_t context,
                       const int32_t* step, float* partials, const ActivationOutput& out, gpuStream_t stream);
+// Whether attention_decode, writing an output of `blocks`, rounds the queries and the softmax weights to f16 for
+// `shape` (its scores and weighted values on tensor cores, with f32 sums), as flash-attention kernels do: its
+// outputs then differ from f32 scoring by up to about 1e-3 of the values' scale.
+bool attention_decode_rounds_to_f16(const AttentionShape& shape, ActivationBlocks blocks);
 
 }  // namespace rf::gpu
