@@ -735,12 +735,11 @@ int64_t heads_per_block(const AttentionShape& shape, int64_t quantized) {
 // and 8b F16 222.2 -> 221.7: those keep the scalar scoring.
 bool scores_on_tensor_cores(const AttentionShape& shape, int64_t heads) {
 #if defined(ROCMFORGE_GPU_HIP)
-  (void)shape;
-  (void)heads;
-  return false;
+  constexpr bool kTensorCores = false;
 #else
-  return shape.head_dim == kTensorCoreHeadDim && heads <= 8 && values_per_lane(shape, heads) == 8;
+  constexpr bool kTensorCores = true;
 #endif
+  return kTensorCores && shape.head_dim == kTensorCoreHeadDim && heads <= 8 && values_per_lane(shape, heads) == 8;
 }
 
 }  // namespace
