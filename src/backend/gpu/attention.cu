@@ -261,7 +261,8 @@ __device__ __forceinline__ void score_on_tensor_cores(const float* queries, int 
   constexpr int kTiles = kHeadDim / 8;
   constexpr int kKeyLoads = kHeadDim / 32;
   constexpr int kValueLoads = kHeadDim / 64;
-  constexpr int kPositions = 8;  // a team's positions of a chunk: the columns of the scores
+  constexpr int kPositions = 8;   // a team's positions of a chunk: the columns of the scores
+  constexpr int kLaneValues = 8;  // values a lane holds in the merge buffers' layout (scores_on_tensor_cores())
   static_assert(kAttentionChunk == kDecodeTeams * kPositions);
   const int g = lane / 4;
   const int t = lane % 4;
@@ -334,13 +335,13 @@ __device__ __forceinline__ void score_on_tensor_cores(const float* queries, int 
   float total = sum + shuffle_xor(sum, 1, kTeam);
   total += shuffle_xor(total, 2, kTeam);
   if (g >= heads) return;
-  // Dimension d of head g is value d % 8 of lane g * lanes_per_head + d / 8 (TeamLayout, 8 values a lane).
+  // Dimension d of head g is value d % kLaneValues of lane g * lanes_per_head + d / kLaneValues (TeamLayout).
 #pragma unroll
   for (int j = 0; j < kTiles; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int d = (2 * t + e) * (kHeadDim / 8) + j;
-      merged_acc[(team * 8 + d % 8) * kTeam + g * lanes_per_head + d / 8] = acc[j][e];
+      merged_acc[(team * kLaneValues + d % kLaneValues) * kTeam + g * lanes_per_head + d / kLaneValues] = acc[j][e];
     }
   for (int sub = t; sub < lanes_per_head; sub += 4) {
     maxima[team * kTeam + g * lanes_per_head + sub] = maximum;
@@ -730,9 +731,9 @@ int64_t heads_per_block(const AttentionShape& shape, int64_t quantized) {
 // Whether the decode kernel's teams score on tensor cores (score_on_tensor_cores) where a thread block takes `heads`
 // query heads: on CUDA, for heads of kTensorCoreHeadDim values, 8 values a lane (at most 8 heads: the rows g of the
 // fragments). Measured on an H200, decoding tg128 (-p 0), 1b Q4_K_M (heads of 64, 4 a block): 1957.6-1964.0 ->
-// 2011.1-2016.8 tokens/s in one call, 1943.9-1961.5 -> 2004.7-2013.4 in another (two and three rounds). The 8B's heads of 128 (2 a block) lost on tensor cores, 580.9 ->
-// 576.3-578.9 with their queries read from shared memory at each k-step (572.4-575.4 in registers, which spilled),
-// and 8b F16 222.2 -> 221.7: those keep the scalar scoring.
+// 2011.1-2013.9 tokens/s in one call, 1943.9-1961.5 -> 2004.7-2013.4 in another (two and three rounds). The 8B's
+// heads of 128 (2 a block) lost on tensor cores, 580.9 -> 576.3-578.9 with their queries read from shared memory at
+// each k-step (572.4-575.4 in registers, which spilled), and 8b F16 222.2 -> 221.7: those keep the scalar scoring.
 bool scores_on_tensor_cores(const AttentionShape& shape, int64_t heads) {
 #if defined(ROCMFORGE_GPU_HIP)
   constexpr bool kTensorCores = false;
