@@ -20,10 +20,11 @@
 // and the context still short (up to a few chunks: lone_block_chunks()), the first thread block of each part takes
 // every chunk and writes the output itself, and the others end at once.
 //
-// Prompts (several query tokens): flash-attention style. A team of 32 lanes owns one (token, head), keeps
-// the query in shared memory and the output accumulator in registers (lane l has dimensions l, l + 32, ...)
-// and streams over the keys and values the token may see, 32 at a time, with an online softmax, so no score
-// matrix is ever stored.
+// Prompts (several query tokens): flash-attention style, with an online softmax, so no score matrix is ever stored.
+// On CUDA, heads of 64 and 128 values go on tensor cores (attention_prompt_tensor_core_kernel: 16 tokens of a head a
+// warp, tiles of keys and values shared by a thread block). Otherwise a team of 32 lanes owns one (token, head), keeps
+// the query in shared memory and the output accumulator in registers (lane l has dimensions l, l + 32, ...) and
+// streams over the keys and values the token may see, 32 at a time.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -50,6 +51,12 @@ constexpr int64_t kDecodeBlocksPerMultiprocessor = 2;
 
 // Heads of this many values score on tensor cores (scores_on_tensor_cores()).
 constexpr int kTensorCoreHeadDim = 64;
+// Whether the build has the tensor-core steps (mma.sync, sm_80 on) that some kernels take: CUDA, not HIP.
+#if defined(ROCMFORGE_GPU_HIP)
+constexpr bool kBuildHasTensorCores = false;
+#else
+constexpr bool kBuildHasTensorCores = true;
+#endif
 
 int64_t max_splits(int64_t context) { return (context + kAttentionChunk - 1) / kAttentionChunk; }
 
@@ -220,15 +227,17 @@ struct RowPart {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-// Tensor-core steps of the decode scoring (sm_80 on): d += a * b with f16 inputs and f32 sums, lane 4g + t holding
-// rows g (and g + 8, here always zero: at most 8 query heads) of a and d, and column g of b (PTX ISA, mma.m16n8k16
-// and mma.m16n8k8 fragments). a0 holds row g's columns 2t and 2t + 1, a2 its columns 2t + 8 and 2t + 9; b0 column g's
-// rows 2t and 2t + 1, b1 its rows 2t + 8 and 2t + 9; d0 and d1 row g's columns 2t and 2t + 1.
-__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+// Tensor-core steps (sm_80 on): d += a * b with f16 inputs and f32 sums, lane 4g + t holding rows g and g + 8 of a
+// and d, and column g of b (PTX ISA, mma.m16n8k16 and mma.m16n8k8 fragments). a0 holds row g's columns 2t and
+// 2t + 1, a1 row g + 8's, a2 and a3 the same rows' columns 2t + 8 and 2t + 9; b0 column g's rows 2t and 2t + 1, b1
+// its rows 2t + 8 and 2t + 9; d0 and d1 row g's columns 2t and 2t + 1, d2 and d3 row g + 8's. The decode scoring
+// has at most 8 rows (query heads): its rows g + 8 are zero.
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ void mma_m16n8k8(float (&d)[4], uint32_t a0, uint32_t b0) {
   asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
@@ -309,7 +318,7 @@ __device__ __forceinline__ void score_on_tensor_cores(const float* queries, int 
       const auto* key_words = reinterpret_cast<const uint32_t*>(key[c]);
 #pragma unroll
       for (int s = 0; s < kSteps; ++s)
-        mma_m16n8k16(score, query[s][0], query[s][1], key_words[2 * s], key_words[2 * s + 1]);
+        mma_m16n8k16(score, query[s][0], 0u, query[s][1], 0u, key_words[2 * s], key_words[2 * s + 1]);
       const float s0 = first[c] + 2 * t < positions ? score[0] : -INFINITY;
       const float s1 = first[c] + 2 * t + 1 < positions ? score[1] : -INFINITY;
       float batch_maximum = fmaxf(s0, s1);
@@ -708,6 +717,163 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
   }
 }
 
+#if !defined(ROCMFORGE_GPU_HIP)
+// Prompts on tensor cores (sm_80 on), for heads of kHeadDim values (64 or 128): flash attention as FA2 lays it out.
+// A thread block takes kPromptTileTokens consecutive tokens of one query head, each of its warps 16 of them as the
+// rows of mma.m16n8k16 fragments (queries scaled and rounded to f16 once, held in registers), and walks the keys
+// the block's last token may see in tiles of kPromptTileKeys positions: the block copies a tile's keys and values into
+// shared memory, each warp scores its rows against it (scores = queries x keys^T, 8 positions a fragment), masks the
+// positions past each row's token, updates its rows' running maximum and sum, and adds weights x values, the weights
+// (f16) taken straight from the scores' fragments and the values' fragments read transposed by ldmatrix. f32 sums
+// throughout; a row's sum is reduced over its quad of lanes once, at the end.
+constexpr int kPromptTileTokens = 64;
+constexpr int kPromptTileKeys = 64;
+constexpr int kPromptWarps = kPromptTileTokens / 16;
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kPromptWarps * kTeam) attention_prompt_tensor_core_kernel(
+    AttentionShape shape, const float* q, const uint16_t* keys, const uint16_t* values, int64_t n_tokens,
+    const int32_t* step, float scale, float* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kSteps = kHeadDim / 16;           // k-steps of a score fragment
+  constexpr int kTiles = kHeadDim / 8;            // output fragments of 8 dimensions
+  constexpr int kKeyTiles = kPromptTileKeys / 8;  // score fragments of 8 positions
+  constexpr int kRowHalves = kHeadDim + 8;        // a shared row, padded so that 8 rows' words fall in distinct banks
+  __shared__ __align__(16) uint16_t key_tile[kPromptTileKeys][kRowHalves];
+  __shared__ __align__(16) uint16_t value_tile[kPromptTileKeys][kRowHalves];
+  start_successor();
+  wait_for_predecessor();
+  const int warp = static_cast<int>(threadIdx.x / kTeam);
+  const int lane = static_cast<int>(threadIdx.x % kTeam);
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int64_t head = blockIdx.y;
+  const int64_t kv_offset = head / shape.heads_per_kv_head() * kHeadDim;
+  const int64_t kv_dim = shape.kv_dim();
+  const int64_t first_token = static_cast<int64_t>(blockIdx.x) * kPromptTileTokens;
+  const int64_t warp_token = first_token + warp * 16;
+  const int64_t start = step[0];
+  // The block's last token sees positions 0 .. start + its index; a warp's rows g and g + 8 their own.
+  const int64_t block_positions = start + min(first_token + kPromptTileTokens, n_tokens);
+  const int64_t row_position[2] = {start + warp_token + g, start + warp_token + g + 8};
+  const int64_t warp_last_position = start + warp_token + 15;
+
+  // The queries in the log2 domain (scale * log2 e), so that the softmax takes exp2.
+  const float query_scale = scale * 1.4426950408889634f;
+  uint32_t query[kSteps][4];
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t token = warp_token + g + 8 * r;
+      const float* row = q + min(token, n_tokens - 1) * shape.q_dim() + head * kHeadDim + 16 * s + 2 * t;
+      const float2 low = *reinterpret_cast<const float2*>(row);
+      const float2 high = *reinterpret_cast<const float2*>(row + 8);
+      query[s][r] = pack_halves(low.x * query_scale, low.y * query_scale);
+      query[s][2 + r] = pack_halves(high.x * query_scale, high.y * query_scale);
+    }
+
+  float acc[kTiles][4] = {};
+  float maximum[2] = {-INFINITY, -INFINITY};
+  float sum[2] = {0.0f, 0.0f};  // this lane's columns only, until the end
+  for (int64_t tile_first = 0; tile_first < block_positions; tile_first += kPromptTileKeys) {
+    // The tile's keys and values, 16 bytes a thread at a time; positions past the block's last are zero.
+    constexpr int kPieces = kPromptTileKeys * kHeadDim / 8;
+    for (int i = static_cast<int>(threadIdx.x); i < kPieces; i += kPromptWarps * kTeam) {
+      const int row = i / (kHeadDim / 8);
+      const int column = i % (kHeadDim / 8) * 8;
+      const int64_t position = tile_first + row;
+      const int64_t offset = position * kv_dim + kv_offset + column;
+      const int4 zero = make_int4(0, 0, 0, 0);
+      *reinterpret_cast<int4*>(&key_tile[row][column]) = position < block_positions ? load_16(keys + offset) : zero;
+      *reinterpret_cast<int4*>(&value_tile[row][column]) =
+          position < block_positions ? load_16(values + offset) : zero;
+    }
+    __syncthreads();
+    if (tile_first <= warp_last_position) {
+      float score[kKeyTiles][4] = {};
+#pragma unroll
+      for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+          const auto* key_row = reinterpret_cast<const uint32_t*>(&key_tile[8 * j + g][16 * s]);
+          mma_m16n8k16(score[j], query[s][0], query[s][1], query[s][2], query[s][3], key_row[t], key_row[t + 4]);
+        }
+      // Positions past a row's token weigh nothing; the first tile holds position 0, which every row sees.
+      float rescale[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float tile_maximum = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t position = tile_first + 8 * j + 2 * t + e;
+            float& value = score[j][2 * r + e];
+            if (position > row_position[r]) value = -INFINITY;
+            tile_maximum = fmaxf(tile_maximum, value);
+          }
+        tile_maximum = fmaxf(tile_maximum, shuffle_xor(tile_maximum, 1, kTeam));
+        tile_maximum = fmaxf(tile_maximum, shuffle_xor(tile_maximum, 2, kTeam));
+        const float new_maximum = fmaxf(maximum[r], tile_maximum);
+        rescale[r] = exp2f(maximum[r] - new_maximum);
+        maximum[r] = new_maximum;
+        float tile_sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& value = score[j][2 * r + e];
+            value = exp2f(value - new_maximum);
+            tile_sum += value;
+          }
+        sum[r] = sum[r] * rescale[r] + tile_sum;
+      }
+#pragma unroll
+      for (int d = 0; d < kTiles; ++d) {
+        acc[d][0] *= rescale[0];
+        acc[d][1] *= rescale[0];
+        acc[d][2] *= rescale[1];
+        acc[d][3] *= rescale[1];
+      }
+      // outputs += weights (16 positions a k-step: two score fragments) x values.
+#pragma unroll
+      for (int k = 0; k < kKeyTiles / 2; ++k) {
+        const uint32_t a0 = pack_halves(score[2 * k][0], score[2 * k][1]);
+        const uint32_t a1 = pack_halves(score[2 * k][2], score[2 * k][3]);
+        const uint32_t a2 = pack_halves(score[2 * k + 1][0], score[2 * k + 1][1]);
+        const uint32_t a3 = pack_halves(score[2 * k + 1][2], score[2 * k + 1][3]);
+        const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(&value_tile[16 * k + lane % 16][0]));
+#pragma unroll
+        for (int d = 0; d < kTiles; ++d) {
+          uint32_t b0, b1;
+          asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+                       : "=r"(b0), "=r"(b1)
+                       : "r"(address + 16 * d));
+          mma_m16n8k16(acc[d], a0, a1, a2, a3, b0, b1);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float total = sum[r] + shuffle_xor(sum[r], 1, kTeam);
+    total += shuffle_xor(total, 2, kTeam);
+    const int64_t token = warp_token + g + 8 * r;
+    if (token >= n_tokens) continue;
+    float* row = out + token * shape.q_dim() + head * kHeadDim + 2 * t;
+#pragma unroll
+    for (int d = 0; d < kTiles; ++d)
+      *reinterpret_cast<float2*>(row + 8 * d) = make_float2(acc[d][2 * r] / total, acc[d][2 * r + 1] / total);
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for a device without these tensor-core steps
+#endif
+}
+#endif
+
 float attention_scale(const AttentionShape& shape) { return 1.0f / std::sqrt(static_cast<float>(shape.head_dim)); }
 
 // Query heads a decode thread block takes (a part): a divisor of the kv head's group, the fewest whose outputs fill
@@ -735,12 +901,8 @@ int64_t heads_per_block(const AttentionShape& shape, int64_t quantized) {
 // heads of 128 (2 a block) lost on tensor cores, 580.9 -> 576.3-578.9 with their queries read from shared memory at
 // each k-step (572.4-575.4 in registers, which spilled), and 8b F16 222.2 -> 221.7: those keep the scalar scoring.
 bool scores_on_tensor_cores(const AttentionShape& shape, int64_t heads) {
-#if defined(ROCMFORGE_GPU_HIP)
-  constexpr bool kTensorCores = false;
-#else
-  constexpr bool kTensorCores = true;
-#endif
-  return kTensorCores && shape.head_dim == kTensorCoreHeadDim && heads <= 8 && values_per_lane(shape, heads) == 8;
+  return kBuildHasTensorCores && shape.head_dim == kTensorCoreHeadDim && heads <= 8 &&
+         values_per_lane(shape, heads) == 8;
 }
 
 }  // namespace
@@ -791,11 +953,34 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
   }
 }
 
+// On tensor cores against the scalar kernel, measured on an H200 (`rocmforge bench -p N -n 0`, two rounds):
+// 1b Q4_K_M pp512 50873-50979 -> 98870-99408 tokens/s, pp2048 20738-20759 -> 91485-91565, pp4096 11617-11623 ->
+// 82360-82549; 8b Q4_K_M pp512 13261-13270 -> 21389-21530, pp2048 6163-6165 -> 19802-19861, pp4096 3604-3607 ->
+// 18087-18112.
+bool attention_prompt_rounds_to_f16(const AttentionShape& shape) {
+  return kBuildHasTensorCores && (shape.head_dim == 64 || shape.head_dim == 128);
+}
+
 void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
                       const uint16_t* value_cache, int64_t n_tokens, const int32_t* step, float* out,
                       gpuStream_t stream) {
-  const auto blocks = static_cast<unsigned>((n_tokens * shape.n_heads + kTeams - 1) / kTeams);
   const float scale = attention_scale(shape);
+#if !defined(ROCMFORGE_GPU_HIP)
+  if (attention_prompt_rounds_to_f16(shape)) {
+    const dim3 grid(static_cast<unsigned>((n_tokens + kPromptTileTokens - 1) / kPromptTileTokens),
+                    static_cast<unsigned>(shape.n_heads));
+    const auto run = [&]<int kHeadDim>() {
+      launch_overlapped("attention_prompt", attention_prompt_tensor_core_kernel<kHeadDim>, grid, kPromptWarps * kTeam,
+                        0, stream, shape, q, key_cache, value_cache, n_tokens, step, scale, out);
+    };
+    if (shape.head_dim == 64)
+      run.template operator()<64>();
+    else
+      run.template operator()<128>();
+    return;
+  }
+#endif
+  const auto blocks = static_cast<unsigned>((n_tokens * shape.n_heads + kTeams - 1) / kTeams);
   const auto run = [&]<int kDimsPerLane>() {
     launch_overlapped("attention_prompt", attention_prompt_kernel<kDimsPerLane>, blocks, kThreads, 0, stream, shape, q,
                       key_cache, value_cache, n_tokens, step, scale, out);

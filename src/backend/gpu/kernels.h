@@ -134,6 +134,10 @@ void rope_and_store(const AttentionShape& shape, float* q, float* k, const float
 void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
                       const uint16_t* value_cache, int64_t n_tokens, const int32_t* step, float* out,
                       gpuStream_t stream);
+// Whether attention_prompt rounds the queries and the softmax weights to f16 for `shape` (on tensor cores, with f32
+// sums, as flash-attention kernels do): its outputs then differ from f32 scoring by up to about 1e-3 of the values'
+// scale.
+bool attention_prompt_rounds_to_f16(const AttentionShape& shape);
 
 // One token (decoding) at position step[0], over positions 0 .. step[0], in one launch (split-K). q, k and v are the
 // token's projections before rotation: the launch rotates q and k by the angles cos_sin (rope_table of the one
