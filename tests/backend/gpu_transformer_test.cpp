@@ -14,6 +14,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -252,6 +253,39 @@ TEST(GpuLoading, RefusesAModelThatDoesNotFitBeforeUploading) {
   const int32_t token = 1;
   EXPECT_EQ(transformer.forward({&token, 1}, 0).size(), static_cast<size_t>(plan.config().vocab_size));
   EXPECT_EQ(plan.loading_stats().bytes, file->tensor_bytes());
+}
+
+// Passes of kDefaultPassTokens where their activations fit, else of kShortPassTokens; a prompt longer than a pass runs
+// as several, with the logits of one pass.
+TEST(GpuLoading, TakesShorterPassesWhereLongOnesDoNotFit) {
+  if (!device_available()) GTEST_SKIP() << "no GPU";
+  const std::shared_ptr<const gguf::File> file = open_shared("synth-tiny256-F16.gguf");
+  if (!file) GTEST_SKIP() << "synth-tiny256-F16.gguf is not here";
+  constexpr int64_t kContext = 1024;
+  std::vector<int32_t> prompt(600);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 7 % 512);
+
+  // Everything a model of short passes takes (weights, KV cache, activations); the default passes' activations
+  // take tens of MiB more.
+  uint64_t short_pass_bytes = 0;
+  {
+    const model::ExecutionPlan plan = model::ExecutionPlan::build(file, make_residency());
+    const uint64_t free_before = memory_info().free_bytes;
+    Transformer transformer(plan, {.context = kContext, .max_batch = kShortPassTokens});
+    plan.preload_all();
+    short_pass_bytes = free_before - memory_info().free_bytes;
+    EXPECT_EQ(transformer.max_batch(), kShortPassTokens);
+  }
+  const model::ExecutionPlan roomy_plan = model::ExecutionPlan::build(file, make_residency());
+  Transformer roomy(roomy_plan, {.context = kContext});
+  EXPECT_EQ(roomy.max_batch(), kDefaultPassTokens);
+  const std::span<const float> roomy_logits = roomy.forward(prompt, 0);
+  const std::vector<float> one_pass(roomy_logits.begin(), roomy_logits.end());
+
+  const model::ExecutionPlan tight_plan = model::ExecutionPlan::build(file, make_residency());
+  Transformer tight(tight_plan, {.context = kContext, .device_memory = short_pass_bytes + (uint64_t{8} << 20)});
+  EXPECT_EQ(tight.max_batch(), kShortPassTokens);
+  EXPECT_GE(cosine(tight.forward(prompt, 0), one_pass), 0.9999);
 }
 
 TEST(GpuLoading, GivesTheDeviceMemoryBackWithTheModel) {

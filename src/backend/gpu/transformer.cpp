@@ -255,7 +255,7 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
 }
 
 Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options) {
-  if (options.max_batch <= 0) fail("max_batch must be positive, got {}", options.max_batch);
+  if (options.max_batch < 0) fail("max_batch must not be negative, got {}", options.max_batch);
   check_supported(plan, attention_shape(plan.config()));
   DeviceResidency& weights = device_residency(plan);
   // Refuse a model that does not fit before anything is uploaded: weights and KV cache before the cache is
@@ -266,10 +266,25 @@ Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOpti
                         .kv_cache = 2 * cache_bytes(plan.config(), context_of(plan.config(), options)),
                         .context = context_of(plan.config(), options)};
   require_fits(need, available);
-  state_ = std::make_unique<State>(plan, options);
-  const uint64_t taken = free_before - std::min(free_before, memory_info().free_bytes);
-  need.activations = taken - std::min(taken, need.kv_cache);
-  require_fits(need, available);
+  TransformerOptions pass = options;
+  pass.max_batch = options.max_batch > 0 ? options.max_batch : kDefaultPassTokens;
+  const auto allocate = [&] {
+    state_ = std::make_unique<State>(plan, pass);
+    const uint64_t taken = free_before - std::min(free_before, memory_info().free_bytes);
+    need.activations = taken - std::min(taken, need.kv_cache);
+    require_fits(need, available);
+  };
+  if (options.max_batch > 0) {
+    allocate();
+  } else {
+    try {
+      allocate();
+    } catch (const Error&) {
+      state_.reset();  // gives its memory back before the shorter passes' is measured
+      pass.max_batch = kShortPassTokens;
+      allocate();
+    }
+  }
   weights.start_streaming();
 }
 
@@ -277,6 +292,7 @@ Transformer::~Transformer() = default;
 
 int64_t Transformer::cached() const { return state_->cached; }
 int64_t Transformer::context() const { return state_->context; }
+int64_t Transformer::max_batch() const { return state_->max_batch; }
 const model::ModelConfig& Transformer::config() const { return state_->config; }
 
 void Transformer::truncate(int64_t positions) {

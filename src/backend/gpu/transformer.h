@@ -18,9 +18,18 @@ namespace rf::gpu {
 // The KV cache holds the model's context length, capped here unless the caller asks for more.
 constexpr int64_t kDefaultContext = 8192;
 
+// Tokens a pass takes unless the caller says (a longer batch runs as several passes). A prompt pass dequantizes every
+// quantized weight matrix once for its GEMMs, so longer passes spread that over more tokens. Measured on an H200
+// (`rocmforge bench -p N -n 0`), passes of 512 -> 2048 tokens: 8b Q4_K_M pp2048 19592 -> 25269 tokens/s, pp4096 17894
+// -> 22652; 1b Q4_K_M pp2048 91626 -> 128551, pp4096 82956 -> 115485; pp512 the same (21229 -> 21303, 98272 -> 98896);
+// 4096 added little (8b pp4096 23877, 1b 123003). The activations of a pass are allocated up front: where those of
+// kDefaultPassTokens do not fit beside the weights and the KV cache, passes take kShortPassTokens.
+constexpr int64_t kDefaultPassTokens = 2048;
+constexpr int64_t kShortPassTokens = 512;
+
 struct TransformerOptions {
-  int64_t context = 0;      // positions the KV cache holds; 0: min(model context, kDefaultContext)
-  int64_t max_batch = 512;  // tokens per pass; a longer batch runs as several passes
+  int64_t context = 0;    // positions the KV cache holds; 0: min(model context, kDefaultContext)
+  int64_t max_batch = 0;  // tokens per pass; 0: kDefaultPassTokens, or kShortPassTokens where those do not fit
   bool graphs = true;       // replay decoding steps from a captured graph
   // Device memory the model may take (weights, KV cache, activations); 0: what the device has free.
   uint64_t device_memory = 0;
@@ -55,6 +64,7 @@ class Transformer {
   int64_t cached() const;
   void truncate(int64_t positions);
   int64_t context() const;
+  int64_t max_batch() const;  // tokens per pass
   const model::ModelConfig& config() const;
 
  private:
