@@ -718,17 +718,30 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
 }
 
 #if !defined(ROCMFORGE_GPU_HIP)
-// Prompts on tensor cores (sm_80 on), for heads of kHeadDim values (64 or 128): flash attention as FA2 lays it out.
-// A thread block takes kPromptTileTokens consecutive tokens of one query head, each of its warps 16 of them as the
-// rows of mma.m16n8k16 fragments (queries scaled and rounded to f16 once, held in registers), and walks the keys
-// the block's last token may see in tiles of kPromptTileKeys positions: the block copies a tile's keys and values into
-// shared memory, each warp scores its rows against it (scores = queries x keys^T, 8 positions a fragment), masks the
-// positions past each row's token, updates its rows' running maximum and sum, and adds weights x values, the weights
-// (f16) taken straight from the scores' fragments and the values' fragments read transposed by ldmatrix. f32 sums
-// throughout; a row's sum is reduced over its quad of lanes once, at the end.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80 on), or zeros where not
+// `present`.
+__device__ __forceinline__ void copy_16_async(void* shared, const void* global, bool present) {
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(address), "l"(global), "r"(present ? 16 : 0)
+               : "memory");
+}
+#endif
+
+// Prompts on tensor cores (sm_80 on), for heads of kHeadDim values (64 or 128): flash attention as FA2 lays it out. A
+// thread block takes kPromptTileTokens consecutive tokens of one query head, each of its warps 16 of them as the rows
+// of mma.m16n8k16 fragments (queries scaled and rounded to f16 once, held in registers), and walks the keys the block's
+// last token may see in tiles of kPromptTileKeys positions: the block copies a tile's keys and values into shared
+// memory (by asynchronous copies, the next tile while its warps score one), each warp scores its rows against it
+// (scores = queries x keys^T, 8 positions a fragment), masks the positions past each row's token, updates its rows'
+// running maximum and sum, and adds weights x values, the weights (f16) taken straight from the scores' fragments and
+// the values' fragments read transposed by ldmatrix. f32 sums throughout; a row's sum is reduced over its quad of lanes
+// once, at the end.
 constexpr int kPromptTileTokens = 64;
-constexpr int kPromptTileKeys = 64;
 constexpr int kPromptWarps = kPromptTileTokens / 16;
+// Positions of a tile: as many as keep two stages of keys and values within the 48 KB a block has without asking.
+template <int kHeadDim>
+constexpr int kPromptTileKeys = kHeadDim <= 64 ? 64 : 32;
 
 template <int kHeadDim>
 __global__ void __launch_bounds__(kPromptWarps * kTeam) attention_prompt_tensor_core_kernel(
@@ -737,10 +750,11 @@ __global__ void __launch_bounds__(kPromptWarps * kTeam) attention_prompt_tensor_
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kSteps = kHeadDim / 16;           // k-steps of a score fragment
   constexpr int kTiles = kHeadDim / 8;            // output fragments of 8 dimensions
-  constexpr int kKeyTiles = kPromptTileKeys / 8;  // score fragments of 8 positions
+  constexpr int kKeyTiles = kPromptTileKeys<kHeadDim> / 8;  // score fragments of 8 positions
   constexpr int kRowHalves = kHeadDim + 8;        // a shared row, padded so that 8 rows' words fall in distinct banks
-  __shared__ __align__(16) uint16_t key_tile[kPromptTileKeys][kRowHalves];
-  __shared__ __align__(16) uint16_t value_tile[kPromptTileKeys][kRowHalves];
+  // Two stages: the block copies the next tile while its warps score the current one.
+  __shared__ __align__(16) uint16_t key_tiles[2][kPromptTileKeys<kHeadDim>][kRowHalves];
+  __shared__ __align__(16) uint16_t value_tiles[2][kPromptTileKeys<kHeadDim>][kRowHalves];
   start_successor();
   wait_for_predecessor();
   const int warp = static_cast<int>(threadIdx.x / kTeam);
@@ -776,20 +790,33 @@ __global__ void __launch_bounds__(kPromptWarps * kTeam) attention_prompt_tensor_
   float acc[kTiles][4] = {};
   float maximum[2] = {-INFINITY, -INFINITY};
   float sum[2] = {0.0f, 0.0f};  // this lane's columns only, until the end
-  for (int64_t tile_first = 0; tile_first < block_positions; tile_first += kPromptTileKeys) {
-    // The tile's keys and values, 16 bytes a thread at a time; positions past the block's last are zero.
-    constexpr int kPieces = kPromptTileKeys * kHeadDim / 8;
+  // A tile's keys and values into a stage, 16 bytes a thread at a time by asynchronous copies (one group a tile);
+  // positions past the block's last are zero.
+  const auto copy_tile = [&](int stage, int64_t tile_first) {
+    constexpr int kPieces = kPromptTileKeys<kHeadDim> * kHeadDim / 8;
     for (int i = static_cast<int>(threadIdx.x); i < kPieces; i += kPromptWarps * kTeam) {
       const int row = i / (kHeadDim / 8);
       const int column = i % (kHeadDim / 8) * 8;
       const int64_t position = tile_first + row;
-      const int64_t offset = position * kv_dim + kv_offset + column;
-      const int4 zero = make_int4(0, 0, 0, 0);
-      *reinterpret_cast<int4*>(&key_tile[row][column]) = position < block_positions ? load_16(keys + offset) : zero;
-      *reinterpret_cast<int4*>(&value_tile[row][column]) =
-          position < block_positions ? load_16(values + offset) : zero;
+      const bool present = position < block_positions;
+      const int64_t offset = (present ? position : 0) * kv_dim + kv_offset + column;
+      copy_16_async(&key_tiles[stage][row][column], keys + offset, present);
+      copy_16_async(&value_tiles[stage][row][column], values + offset, present);
     }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  copy_tile(0, 0);
+  for (int64_t tile_first = 0, stage = 0; tile_first < block_positions;
+       tile_first += kPromptTileKeys<kHeadDim>, stage ^= 1) {
+    const bool next = tile_first + kPromptTileKeys<kHeadDim> < block_positions;
+    if (next) copy_tile(static_cast<int>(stage ^ 1), tile_first + kPromptTileKeys<kHeadDim>);
+    if (next)
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
+    const auto& key_tile = key_tiles[stage];
+    const auto& value_tile = value_tiles[stage];
     if (tile_first <= warp_last_position) {
       float score[kKeyTiles][4] = {};
 #pragma unroll
@@ -953,10 +980,13 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
   }
 }
 
-// On tensor cores against the scalar kernel, measured on an H200 (`rocmforge bench -p N -n 0`, two rounds):
-// 1b Q4_K_M pp512 50873-50979 -> 98870-99408 tokens/s, pp2048 20738-20759 -> 91485-91565, pp4096 11617-11623 ->
-// 82360-82549; 8b Q4_K_M pp512 13261-13270 -> 21389-21530, pp2048 6163-6165 -> 19802-19861, pp4096 3604-3607 ->
-// 18087-18112.
+// On tensor cores against the scalar kernel, measured on an H200 (`rocmforge bench -p N -n 0`, two rounds, passes of
+// 512 tokens): 1b Q4_K_M pp512 50873-50979 -> 98870-99408 tokens/s, pp2048 20738-20759 -> 91485-91565, pp4096
+// 11617-11623 -> 82360-82549; 8b Q4_K_M pp512 13261-13270 -> 21389-21530, pp2048 6163-6165 -> 19802-19861, pp4096
+// 3604-3607 -> 18087-18112. The tiles in two stages by asynchronous copies against one stage of 64 positions copied
+// through registers (passes of 2048): 8b pp2048 25464-25565 -> 26511-26651, pp4096 22989-23044 -> 24596-24645, pp8192
+// 19265-19339 -> 21336-21405; 1b pp4096 115021-115218 -> 120494-120576, pp8192 95289-95499 -> 103830-103993; pp512
+// the same.
 bool attention_prompt_rounds_to_f16(const AttentionShape& shape) {
   return kBuildHasTensorCores && (shape.head_dim == 64 || shape.head_dim == 128);
 }
