@@ -5,8 +5,8 @@
 // continuation runs token by token (decode path: matrix-vector products, split-K attention, graph replay).
 // On the trained models the GPU's own greedy continuation is the reference's, token for token.
 // Loading: weights stream to the device behind the Transformer's constructor, each exactly once, byte for byte
-// in the device layout; a model that does not fit is refused before anything is uploaded; destroying the
-// model gives the device memory back.
+// in the device layout; a model that does not fit is refused before anything is uploaded, and one whose long
+// passes' activations do not fit takes shorter passes; destroying the model gives the device memory back.
 #include <gtest/gtest.h>
 
 #if ROCMFORGE_HAVE_GPU

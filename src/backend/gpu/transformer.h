@@ -30,7 +30,7 @@ constexpr int64_t kShortPassTokens = 512;
 struct TransformerOptions {
   int64_t context = 0;    // positions the KV cache holds; 0: min(model context, kDefaultContext)
   int64_t max_batch = 0;  // tokens per pass; 0: kDefaultPassTokens, or kShortPassTokens where those do not fit
-  bool graphs = true;       // replay decoding steps from a captured graph
+  bool graphs = true;     // replay decoding steps from a captured graph
   // Device memory the model may take (weights, KV cache, activations); 0: what the device has free.
   uint64_t device_memory = 0;
 };
