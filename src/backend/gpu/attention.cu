@@ -321,9 +321,7 @@ __device__ __forceinline__ void score_on_tensor_cores(const float* queries, int 
         mma_m16n8k16(score, query[s][0], 0u, query[s][1], 0u, key_words[2 * s], key_words[2 * s + 1]);
       const float s0 = first[c] + 2 * t < positions ? score[0] : -INFINITY;
       const float s1 = first[c] + 2 * t + 1 < positions ? score[1] : -INFINITY;
-      float batch_maximum = fmaxf(s0, s1);
-      batch_maximum = fmaxf(batch_maximum, shuffle_xor(batch_maximum, 1, kTeam));
-      batch_maximum = fmaxf(batch_maximum, shuffle_xor(batch_maximum, 2, kTeam));
+      const float batch_maximum = quad_max(fmaxf(s0, s1));
       const float new_maximum = fmaxf(maximum, batch_maximum);
       const float rescale = __expf(maximum - new_maximum);
       const float w0 = __expf(s0 - new_maximum);
@@ -341,8 +339,7 @@ __device__ __forceinline__ void score_on_tensor_cores(const float* queries, int 
       }
     }
   }
-  float total = sum + shuffle_xor(sum, 1, kTeam);
-  total += shuffle_xor(total, 2, kTeam);
+  const float total = quad_sum(sum);
   if (g >= heads) return;
   // Dimension d of head g is value d % kLaneValues of lane g * lanes_per_head + d / kLaneValues (TeamLayout).
 #pragma unroll
@@ -806,14 +803,14 @@ __global__ void __launch_bounds__(kPromptWarps * kTeam) attention_prompt_tensor_
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   copy_tile(0, 0);
-  for (int64_t tile_first = 0, stage = 0; tile_first < block_positions;
-       tile_first += kPromptTileKeys<kHeadDim>, stage ^= 1) {
-    const bool next = tile_first + kPromptTileKeys<kHeadDim> < block_positions;
-    if (next) copy_tile(static_cast<int>(stage ^ 1), tile_first + kPromptTileKeys<kHeadDim>);
-    if (next)
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
-    else
+  int stage = 0;
+  for (int64_t tile_first = 0; tile_first < block_positions; tile_first += kPromptTileKeys<kHeadDim>, stage ^= 1) {
+    if (tile_first + kPromptTileKeys<kHeadDim> < block_positions) {
+      copy_tile(stage ^ 1, tile_first + kPromptTileKeys<kHeadDim>);
+      asm volatile("cp.async.wait_group 1;" ::: "memory");  // this tile's group done, the next one's in flight
+    } else {
       asm volatile("cp.async.wait_group 0;" ::: "memory");
+    }
     __syncthreads();
     const auto& key_tile = key_tiles[stage];
     const auto& value_tile = value_tiles[stage];
@@ -840,9 +837,7 @@ __global__ void __launch_bounds__(kPromptWarps * kTeam) attention_prompt_tensor_
             if (position > row_position[r]) value = -INFINITY;
             tile_maximum = fmaxf(tile_maximum, value);
           }
-        tile_maximum = fmaxf(tile_maximum, shuffle_xor(tile_maximum, 1, kTeam));
-        tile_maximum = fmaxf(tile_maximum, shuffle_xor(tile_maximum, 2, kTeam));
-        const float new_maximum = fmaxf(maximum[r], tile_maximum);
+        const float new_maximum = fmaxf(maximum[r], quad_max(tile_maximum));
         rescale[r] = exp2f(maximum[r] - new_maximum);
         maximum[r] = new_maximum;
         float tile_sum = 0.0f;
@@ -886,8 +881,7 @@ __global__ void __launch_bounds__(kPromptWarps * kTeam) attention_prompt_tensor_
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float total = sum[r] + shuffle_xor(sum[r], 1, kTeam);
-    total += shuffle_xor(total, 2, kTeam);
+    const float total = quad_sum(sum[r]);
     const int64_t token = warp_token + g + 8 * r;
     if (token >= n_tokens) continue;
     float* row = out + token * shape.q_dim() + head * kHeadDim + 2 * t;

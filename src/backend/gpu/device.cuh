@@ -92,6 +92,17 @@ __device__ __forceinline__ float team_max(float value) {
   return value;
 }
 
+// Sum and maximum over a quad (lanes 4g .. 4g + 3: the lanes that hold one row of an mma fragment).
+__device__ __forceinline__ float quad_sum(float value) {
+  value += shuffle_xor(value, 1, kTeam);
+  return value + shuffle_xor(value, 2, kTeam);
+}
+
+__device__ __forceinline__ float quad_max(float value) {
+  value = fmaxf(value, shuffle_xor(value, 1, kTeam));
+  return fmaxf(value, shuffle_xor(value, 2, kTeam));
+}
+
 // Reduction over the whole thread block with `combine` (sums, maxima); every thread gets the result.
 // `scratch` holds one T per warp (at most 1024 / 32) and may be reused once every thread has the result.
 template <typename T, typename Combine>
