@@ -262,7 +262,7 @@ void add_bench_command(CLI::App& app) {
   command->add_option("-t,--threads", options->engine.threads, "Threads (0: one per physical core)")
       ->check(CLI::NonNegativeNumber);
   command->add_flag("--json", options->json, "Print one JSON object instead of the table");
-  add_device_options(*command, options->engine.device);
+  add_device_options(*command, options->engine);
   command->callback([options] { bench(*options); });
 }
 

@@ -30,11 +30,12 @@ void add_eval_command(CLI::App& app);
 // llama.cpp's).
 void add_generation_options(CLI::App& command, engine::EngineOptions& engine, engine::GenerationParams& generation);
 
-// `--device auto|cpu|gpu` and its synonym `--gpu`, which every command running a model takes; `device`'s value
-// now is the default --help shows.
-void add_device_options(CLI::App& command, engine::Device& device);
+// `--device auto|cpu|gpu`, its synonym `--gpu` and `--gpu-layers N`, which every command running a model takes;
+// `engine.device`'s value now is the default --help shows.
+void add_device_options(CLI::App& command, engine::EngineOptions& engine);
 
-// Where the engine runs, for a line on stderr: "CPU (4 threads)" or "GPU (NVIDIA H200)".
+// Where the engine runs, for a line on stderr: "CPU (4 threads)", "GPU (NVIDIA H200)" or, with layers on the CPU,
+// "GPU (NVIDIA H200 + CPU; layers 16..31 on the GPU, the others on 8 CPU threads)".
 std::string backend_text(const engine::Engine& engine);
 
 // The whole content of a text file, bytes as they are (`tokenize -f`, `perplexity -f`); an rf::Error when it

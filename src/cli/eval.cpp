@@ -109,7 +109,7 @@ void add_eval_command(CLI::App& app) {
       ->required();
   command->add_option("-t,--threads", options->engine.threads, "CPU threads (0: physical cores)")
       ->capture_default_str();
-  add_device_options(*command, options->engine.device);
+  add_device_options(*command, options->engine);
   command->callback([options] { eval(*options); });
 }
 

@@ -101,7 +101,7 @@ void add_perplexity_command(CLI::App& app) {
   command->add_option("--chunks", options->chunks, "Chunks to evaluate at most (-1: all)")->capture_default_str();
   command->add_option("-t,--threads", options->engine.threads, "Threads (0: one per physical core)")
       ->check(CLI::NonNegativeNumber);
-  add_device_options(*command, options->engine.device);
+  add_device_options(*command, options->engine);
   command->callback([options] { perplexity(*options); });
 }
 

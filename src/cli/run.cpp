@@ -55,7 +55,8 @@ void run(const RunOptions& options) {
 
 }  // namespace
 
-void add_device_options(CLI::App& command, engine::Device& device) {
+void add_device_options(CLI::App& command, engine::EngineOptions& engine) {
+  engine::Device& device = engine.device;
   static const std::map<std::string, engine::Device> kDevices = {
       {"auto", engine::Device::Auto}, {"cpu", engine::Device::Cpu}, {"gpu", engine::Device::Gpu}};
   std::string default_name;
@@ -71,9 +72,18 @@ void add_device_options(CLI::App& command, engine::Device& device) {
           ->default_str(default_name);
   command.add_flag_callback("--gpu", [&device] { device = engine::Device::Gpu; }, "Same as --device gpu")
       ->excludes(option);
+  command
+      .add_option("--gpu-layers,--n-gpu-layers", engine.gpu_layers,
+                  "On the GPU: run only the last N layers and the output there, the layers before on the CPU (a "
+                  "model larger than device memory; default: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->type_name("N");
 }
 
 std::string backend_text(const engine::Engine& engine) {
+  if (engine.device() == engine::Device::Gpu && engine.gpu_layers() < engine.config().n_layers)
+    return fmt::format("GPU ({}; layers {}..{} on the GPU, the others on {} CPU threads)", engine.device_name(),
+                       engine.config().n_layers - engine.gpu_layers(), engine.config().n_layers - 1, engine.threads());
   if (engine.device() == engine::Device::Gpu) return fmt::format("GPU ({})", engine.device_name());
   return fmt::format("CPU ({} threads)", engine.threads());
 }
@@ -82,7 +92,7 @@ void add_generation_options(CLI::App& command, engine::EngineOptions& engine, en
   sampling::SamplingParams& sampling = generation.sampling;
   // A random seed unless one is given, as llama.cpp; --seed makes a run repeatable.
   sampling.seed = std::random_device{}();
-  add_device_options(command, engine.device);
+  add_device_options(command, engine);
   command.add_option("-n,--n-predict", generation.max_tokens, "Tokens to generate at most (-1: until the context is full)")
       ->capture_default_str();
   command.add_option("-c,--ctx", engine.context, "Context size in tokens (0: the model's, capped to a quarter of RAM)")

@@ -59,6 +59,35 @@ class TransformerBackend final : public Backend {
 using CpuBackend = TransformerBackend<cpu::Transformer, cpu::Logits, cpu::TransformerOptions>;
 #if ROCMFORGE_HAVE_GPU
 using GpuBackend = TransformerBackend<gpu::Transformer, gpu::Logits, gpu::TransformerOptions>;
+
+// The first layers on the CPU, the later ones and the output on the GPU (a model larger than device memory):
+// each pass hands the residual stream (n_embd floats a token) from the one to the other once.
+class SplitBackend final : public Backend {
+ public:
+  // `cpu_options` get the GPU part's context, so that both caches hold the same positions.
+  SplitBackend(const model::ExecutionPlan& cpu_plan, cpu::TransformerOptions cpu_options,
+               const model::ExecutionPlan& gpu_plan, const gpu::TransformerOptions& gpu_options)
+      : gpu_(gpu_plan, gpu_options), cpu_(cpu_plan, with_context(cpu_options, gpu_.context())) {}
+  std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, bool all_logits) override {
+    const std::span<const float> hidden = cpu_.forward_hidden(tokens, position);
+    return gpu_.forward(hidden, position, all_logits ? gpu::Logits::All : gpu::Logits::Last);
+  }
+  void truncate(int64_t positions) override {
+    cpu_.truncate(positions);
+    gpu_.truncate(positions);
+  }
+  int64_t context() const override { return gpu_.context(); }
+  int threads() { return cpu_.pool().size(); }
+
+ private:
+  static cpu::TransformerOptions with_context(cpu::TransformerOptions options, int64_t context) {
+    options.context = context;
+    return options;
+  }
+
+  gpu::Transformer gpu_;  // before cpu_, whose context is gpu_'s
+  cpu::Transformer cpu_;
+};
 #endif
 
 // Cpu or Gpu: what `asked` means on this build and machine.
@@ -73,12 +102,24 @@ Device resolve_device(Device asked) {
 #endif
 }
 
-// Where the plan's weights live: mapped from the file for the CPU, uploaded to device memory for the GPU.
-std::shared_ptr<model::Residency> residency_for(Device device) {
+// Where the plan's weights live: mapped from the file for the CPU, uploaded to device memory for the GPU (from
+// layer first_gpu_layer on).
+std::shared_ptr<model::Residency> residency_for(Device device, int64_t first_gpu_layer) {
 #if ROCMFORGE_HAVE_GPU
-  if (device == Device::Gpu) return gpu::make_residency();
+  if (device == Device::Gpu) return gpu::make_residency(first_gpu_layer);
+#else
+  (void)first_gpu_layer;
 #endif
   return std::make_shared<cpu::MappedResidency>();
+}
+
+// The CPU part's options: `layers` layers from the first (0: all).
+cpu::TransformerOptions cpu_options(const EngineOptions& options, int64_t context, int64_t layers) {
+  cpu::TransformerOptions transformer_options;
+  transformer_options.threads = options.threads;
+  transformer_options.context = context;
+  transformer_options.layers = layers;
+  return transformer_options;
 }
 
 }  // namespace
@@ -114,7 +155,13 @@ Engine::Engine(std::shared_ptr<const gguf::File> file, const EngineOptions& opti
 Engine::~Engine() = default;
 
 void Engine::load(const EngineOptions& options, Clock::time_point start) {
-  plan_ = std::make_unique<model::ExecutionPlan>(model::ExecutionPlan::build(file_, residency_for(device_)));
+  const int64_t layers = model::read_config(*file_).n_layers;
+  if (device_ == Device::Gpu)
+    gpu_layers_ = options.gpu_layers < 0 ? layers : std::min(options.gpu_layers, layers);
+  if (gpu_layers_ == 0) device_ = Device::Cpu;
+  const int64_t first_gpu_layer = layers - gpu_layers_;
+  plan_ = std::make_unique<model::ExecutionPlan>(
+      model::ExecutionPlan::build(file_, residency_for(device_, first_gpu_layer)));
   tokenizer_ = std::make_unique<Tokenizer>(*file_);
   open_ms_ = seconds_since(start) * 1e3;
 
@@ -122,16 +169,27 @@ void Engine::load(const EngineOptions& options, Clock::time_point start) {
   // The GPU transformer checks that weights, KV cache and activations fit before anything is uploaded, then
   // streams the weights in while the first tokens are computed (each layer waits for its own).
   if (device_ == Device::Gpu) {
-    backend_ = std::make_unique<GpuBackend>(*plan_, gpu::TransformerOptions{.context = options.context});
+    const gpu::TransformerOptions gpu_options{.context = options.context};
     device_name_ = gpu::device_info().name;
+    if (first_gpu_layer == 0) {
+      backend_ = std::make_unique<GpuBackend>(*plan_, gpu_options);
+    } else {
+      cpu_plan_ = std::make_unique<model::ExecutionPlan>(
+          model::ExecutionPlan::build(file_, std::make_shared<cpu::MappedResidency>()));
+      cpu_plan_->token_embd().data();
+      cpu_plan_->preload_layers(0, first_gpu_layer - 1);
+      auto split = std::make_unique<SplitBackend>(*cpu_plan_, cpu_options(options, 0, first_gpu_layer), *plan_,
+                                                  gpu_options);
+      threads_ = split->threads();
+      backend_ = std::move(split);
+      device_name_ += " + CPU";
+    }
   }
 #endif
   if (device_ == Device::Cpu) {
     plan_->preload_all();
-    cpu::TransformerOptions transformer_options;
-    transformer_options.threads = options.threads;
-    transformer_options.context = options.context > 0 ? options.context : default_context(plan_->config());
-    auto cpu_backend = std::make_unique<CpuBackend>(*plan_, transformer_options);
+    const int64_t context = options.context > 0 ? options.context : default_context(plan_->config());
+    auto cpu_backend = std::make_unique<CpuBackend>(*plan_, cpu_options(options, context, 0));
     threads_ = cpu_backend->transformer().pool().size();
     backend_ = std::move(cpu_backend);
     device_name_ = "CPU";

@@ -30,6 +30,9 @@ struct EngineOptions {
   Device device = Device::Auto;
   int threads = 0;      // CPU threads; 0: physical cores
   int64_t context = 0;  // positions the KV cache holds; 0: default_context() on the CPU, the GPU backend's default
+  // On the GPU: how many of the last layers run there, with the output; the layers before them run on the CPU
+  // (for a model larger than device memory). < 0 or at least the model's layers: all; 0: none (the CPU).
+  int64_t gpu_layers = -1;
 };
 
 struct GenerationParams {
@@ -87,10 +90,13 @@ class Engine {
   const model::ExecutionPlan& plan() const { return *plan_; }
   const gguf::File& file() const { return *file_; }
   int64_t context() const;
-  // Where the forward pass runs (Cpu or Gpu, never Auto), and its name: "CPU" or the GPU's, e.g. "NVIDIA H200".
+  // Where the forward pass runs (Cpu or Gpu, never Auto), and its name: "CPU" or the GPU's, e.g. "NVIDIA H200"
+  // (with "+ CPU" where the first layers run on the CPU).
   Device device() const { return device_; }
   const std::string& device_name() const { return device_name_; }
-  // CPU threads running the forward pass; 1 on the GPU (the thread that launches its kernels).
+  // Layers that run on the GPU (the last ones): 0 on the CPU.
+  int64_t gpu_layers() const { return gpu_layers_; }
+  // CPU threads running the forward pass; 1 where it all runs on the GPU (the thread that launches its kernels).
   int threads() const { return threads_; }
   // Milliseconds from the start of the constructor until the file was parsed and checked (open) and until
   // the forward pass could start (ready): on the CPU every weight mapped and the KV cache allocated; on the
@@ -134,9 +140,11 @@ class Engine {
 
   Device device_;
   std::string device_name_;
+  int64_t gpu_layers_ = 0;
   int threads_ = 1;
   std::shared_ptr<const gguf::File> file_;
-  std::unique_ptr<model::ExecutionPlan> plan_;
+  std::unique_ptr<model::ExecutionPlan> plan_;      // the GPU's where it runs layers, else the CPU's
+  std::unique_ptr<model::ExecutionPlan> cpu_plan_;  // the first layers' where the GPU runs only the last ones
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Backend> backend_;
   std::vector<int32_t> cached_;

@@ -4,15 +4,22 @@
 
 #include <fmt/format.h>
 
+#include "util/error.h"
+
 namespace rf::loader {
 
-std::vector<TensorGroup> execution_order_groups(const model::ExecutionPlan& plan) {
+std::vector<TensorGroup> execution_order_groups(const model::ExecutionPlan& plan, int64_t first_layer) {
+  const auto layers = static_cast<int64_t>(plan.layers().size());
+  if (first_layer < 0 || first_layer > layers)
+    fail("the first of a device's layers must be within 0..{}, got {}", layers, first_layer);
   std::vector<TensorGroup> groups;
-  TensorGroup& embeddings = groups.emplace_back(TensorGroup{"embeddings", {&plan.token_embd().info()}});
+  TensorGroup& embeddings = groups.emplace_back(TensorGroup{"embeddings", {}});
+  if (first_layer == 0) embeddings.tensors.push_back(&plan.token_embd().info());
   if (plan.rope_freqs()) embeddings.tensors.push_back(&plan.rope_freqs().info());
-  for (size_t i = 0; i < plan.layers().size(); ++i) {
+  for (int64_t i = 0; i < layers; ++i) {
     TensorGroup& layer = groups.emplace_back(TensorGroup{fmt::format("layer {}", i), {}});
-    for (const model::LazyTensor* tensor : plan.layers()[i].tensors()) layer.tensors.push_back(&tensor->info());
+    if (i < first_layer) continue;
+    for (const model::LazyTensor* tensor : plan.layer(i).tensors()) layer.tensors.push_back(&tensor->info());
   }
   groups.push_back({"output", {&plan.output_norm().info(), &plan.output().info()}});
   return groups;

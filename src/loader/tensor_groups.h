@@ -18,8 +18,11 @@ struct TensorGroup {
 
 // A plan's weights in execution order: group 0 holds the embeddings (and the rope frequency factors, which
 // every layer uses), group 1 + i layer i, and the last group the output norm and output matrix. With tied
-// embeddings the output group lists token_embd.weight again; the loader loads it once, with group 0.
-std::vector<TensorGroup> execution_order_groups(const model::ExecutionPlan& plan);
+// embeddings the output group lists token_embd.weight again; the loader loads it once, with the first group
+// that lists it. From `first_layer` on: what a device running layers first_layer.. and the output needs (the
+// layers before it run elsewhere): their groups and the embeddings' are empty, but for the rope frequency
+// factors, and keep their places.
+std::vector<TensorGroup> execution_order_groups(const model::ExecutionPlan& plan, int64_t first_layer = 0);
 
 // Groups for any GGUF file, without a plan: one per run of consecutive tensors in file order that share a
 // block prefix ("blk.7"), named by it; runs of tensors outside blocks are groups named "other".

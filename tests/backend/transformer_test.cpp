@@ -108,6 +108,42 @@ TEST(TransformerTest, F32CacheAgreesWithF16Cache) {
   expect_close(a_logits, f32.forward(kPrompt, 0), 2e-3f);
 }
 
+// The first layers alone (the CPU's part where the GPU runs the last ones): their residual stream continues from
+// the cache as a whole prompt's does, and the layers' count bounds what the transformer runs.
+TEST(TransformerTest, FirstLayersGiveTheirResidualStream) {
+  const model::ExecutionPlan plan = plan_of("stories260K");
+  const int64_t width = plan.config().n_embd;
+  cpu::TransformerOptions options = with_context(16);
+  options.layers = 2;
+  cpu::Transformer whole_prompt(plan, options);
+  const std::span<const float> all = whole_prompt.forward_hidden(kPrompt, 0);
+  ASSERT_EQ(all.size(), kPrompt.size() * static_cast<size_t>(width));
+  const std::vector<float> last_row(all.end() - width, all.end());
+
+  cpu::Transformer continued(plan, options);
+  const auto n = static_cast<int64_t>(kPrompt.size());
+  continued.forward_hidden({kPrompt.data(), kPrompt.size() - 1}, 0);
+  expect_close(continued.forward_hidden({&kPrompt.back(), 1}, n - 1), last_row, 1e-4f);
+
+  // Two layers' stream is not the whole model's.
+  options.layers = 0;
+  cpu::Transformer every_layer(plan, options);
+  const std::span<const float> deeper = every_layer.forward_hidden(kPrompt, 0);
+  float largest_difference = 0.0f;
+  for (int64_t i = 0; i < width; ++i)
+    largest_difference = std::max(largest_difference, std::abs(deeper[deeper.size() - width + i] - last_row[i]));
+  EXPECT_GT(largest_difference, 1e-3f);
+
+  try {
+    whole_prompt.forward(kPrompt, 0);
+    FAIL() << "a transformer of the first layers has no logits";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("runs 2 of the model's 5 layers"), std::string::npos) << e.what();
+  }
+  options.layers = 6;
+  EXPECT_THROW(cpu::Transformer(plan, options), Error);
+}
+
 TEST(TransformerTest, ErrorsNameWhatIsWrong) {
   const model::ExecutionPlan plan = plan_of("stories260K");
   cpu::Transformer transformer(plan, with_context(8));

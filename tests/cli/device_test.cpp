@@ -1,6 +1,7 @@
 // `--device auto|cpu|gpu` (and its synonym `--gpu`) on every command that runs a model: stderr names the
 // backend, a device that does not exist is one error line, and where a GPU is present it generates the CPU's
-// greedy text, the CPU's perplexity and the CPU's eval tokens (those tests skip without a GPU).
+// greedy text, the CPU's perplexity and the CPU's eval tokens (those tests skip without a GPU), also with
+// `--gpu-layers` keeping the first layers on the CPU.
 #include <iostream>
 #include <regex>
 #include <string>
@@ -44,6 +45,7 @@ TEST_F(DeviceTest, StderrNamesTheBackend) {
 TEST_F(DeviceTest, UnknownDeviceOrTwoChoicesAreErrors) {
   expect_error("run -m '" + stories_ + "' -p 'Once' --device tpu", "--device");
   expect_error("bench -m '" + stories_ + "' --gpu --device cpu", "--gpu");
+  expect_error("run -m '" + stories_ + "' -p 'Once' --gpu-layers -1", "--gpu-layers");
 }
 
 TEST_F(DeviceTest, EveryCommandRefusesAMissingGpu) {
@@ -70,6 +72,26 @@ TEST_F(DeviceTest, GpuGeneratesTheCpusGreedyText) {
   EXPECT_GT(cpu.out.size(), std::string("Once upon a time").size() + 64) << cpu.out;
   EXPECT_EQ(gpu.out, cpu.out);
   std::cout << "[ device ] " << gpu.out;
+}
+
+TEST_F(DeviceTest, GpuLayersKeepTheFirstLayersOnTheCpu) {
+  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  const std::string command = "run -m '" + stories_ + "' -p 'Once upon a time' -n 64 --temp 0 --threads 2 ";
+  const RunResult cpu = run(command + "--device cpu");
+  const RunResult split = run(command + "--gpu --gpu-layers 2");
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  ASSERT_EQ(split.status, 0) << split.err;
+  EXPECT_NE(split.err.find("+ CPU; layers 3..4 on the GPU, the others on 2 CPU threads)"), std::string::npos)
+      << split.err;
+  EXPECT_EQ(split.out, cpu.out);
+
+  const std::string perplexity =
+      "perplexity -m '" + stories_ + "' -f '" + shared_path("data/wiki.test.raw") + "' -c 128 --chunks 20 ";
+  const RunResult cpu_ppl = run(perplexity + "--device cpu");
+  const RunResult split_ppl = run(perplexity + "--gpu --n-gpu-layers 3");
+  ASSERT_EQ(cpu_ppl.status, 0) << cpu_ppl.err;
+  ASSERT_EQ(split_ppl.status, 0) << split_ppl.err;
+  EXPECT_NEAR(final_perplexity(split_ppl.out), final_perplexity(cpu_ppl.out), final_perplexity(cpu_ppl.out) * 2e-3);
 }
 
 TEST_F(DeviceTest, GpuPerplexityIsTheCpus) {

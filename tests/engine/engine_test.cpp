@@ -1,7 +1,8 @@
-// The engine on a real trained model, on each backend (the GPU's tests skip where there is none): greedy
-// generation reproduces llama.cpp's continuation, chat turns reuse the KV cache (evaluating only the new
-// tokens, with the logits of a fresh evaluation), and the limits of the context are reported rather than
-// crashed into. Device::Auto picks the GPU when there is one, and the GPU generates the CPU's greedy text.
+// The engine on a real trained model, on each backend (the GPU's tests skip where there is none), and with the
+// first layers on the CPU and the last on the GPU: greedy generation reproduces llama.cpp's continuation, chat
+// turns reuse the KV cache (evaluating only the new tokens, with the logits of a fresh evaluation), and the
+// limits of the context are reported rather than crashed into. Device::Auto picks the GPU when there is one,
+// and the GPU generates the CPU's greedy text.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -57,24 +58,45 @@ std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& 
   return a;
 }
 
-// Each test of this suite runs on the CPU and on the GPU.
-class EngineTest : public ::testing::TestWithParam<Device> {
+// Where the layers of a test's engine run.
+struct Placement {
+  Device device;
+  int64_t gpu_layers;  // EngineOptions::gpu_layers
+  const char* name;
+};
+// stories260K has 5 layers: the last 2 on the GPU.
+constexpr int64_t kSplitGpuLayers = 2;
+
+// Each test of this suite runs on the CPU, on the GPU, and on both.
+class EngineTest : public ::testing::TestWithParam<Placement> {
  protected:
   void SetUp() override {
-    if (GetParam() == Device::Gpu && !gpu_available()) GTEST_SKIP() << "no GPU";
+    if (GetParam().device == Device::Gpu && !gpu_available()) GTEST_SKIP() << "no GPU";
   }
-  EngineOptions small_context(int64_t context) const { return engine::small_context(context, GetParam()); }
+  EngineOptions small_context(int64_t context) const {
+    EngineOptions options = engine::small_context(context, GetParam().device);
+    options.gpu_layers = GetParam().gpu_layers;
+    return options;
+  }
 };
 
 TEST_P(EngineTest, RunsOnTheDeviceAskedFor) {
   Engine engine(test::shared_path(kStories), small_context(16));
-  EXPECT_EQ(engine.device(), GetParam());
-  if (GetParam() == Device::Cpu) {
+  const Placement placement = GetParam();
+  EXPECT_EQ(engine.device(), placement.device);
+  if (placement.device == Device::Cpu) {
     EXPECT_EQ(engine.device_name(), "CPU");
     EXPECT_EQ(engine.threads(), 2);
-  } else {
+    EXPECT_EQ(engine.gpu_layers(), 0);
+  } else if (placement.gpu_layers < 0) {
     EXPECT_NE(engine.device_name(), "CPU");
     EXPECT_EQ(engine.threads(), 1);
+    EXPECT_EQ(engine.gpu_layers(), engine.config().n_layers);
+  } else {
+    EXPECT_NE(engine.device_name().find(" + CPU"), std::string::npos) << engine.device_name();
+    EXPECT_EQ(engine.threads(), 2);
+    EXPECT_EQ(engine.gpu_layers(), kSplitGpuLayers);
+    EXPECT_LT(kSplitGpuLayers, engine.config().n_layers);
   }
 }
 
@@ -116,7 +138,7 @@ TEST_P(EngineTest, NextTurnEvaluatesOnlyNewTokensWithFreshLogits) {
   ASSERT_EQ(reused.size(), expected.size());
   const double agreement = test::cosine(reused, expected);
   std::cout << "[ engine ] reused vs fresh logits: cosine " << agreement << "\n";
-  if (GetParam() == Device::Cpu) {
+  if (GetParam().device == Device::Cpu) {
     // A token's keys and values come out the same whether it ran in a batch or alone.
     for (size_t i = 0; i < expected.size(); ++i) ASSERT_NEAR(reused[i], expected[i], 1e-4f) << "logit " << i;
   } else {
@@ -202,9 +224,11 @@ TEST_P(EngineTest, VocabularyOnlyFileIsAnError) {
   EXPECT_THROW(Engine(test::shared_path("vocab/ggml-vocab-llama-spm.gguf"), small_context(16)), Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, EngineTest, ::testing::Values(Device::Cpu, Device::Gpu),
-                         [](const ::testing::TestParamInfo<Device>& device) {
-                           return device.param == Device::Cpu ? std::string("Cpu") : std::string("Gpu");
+INSTANTIATE_TEST_SUITE_P(Devices, EngineTest,
+                         ::testing::Values(Placement{Device::Cpu, -1, "Cpu"}, Placement{Device::Gpu, -1, "Gpu"},
+                                           Placement{Device::Gpu, kSplitGpuLayers, "CpuThenGpu"}),
+                         [](const ::testing::TestParamInfo<Placement>& placement) {
+                           return std::string(placement.param.name);
                          });
 
 TEST(Engine, DefaultContextIsTheModelsWhenItFits) {
@@ -239,6 +263,15 @@ TEST(Engine, GpuGeneratesTheCpusGreedyText) {
   EXPECT_GT(on_cpu.tokens.size(), 16u);
   EXPECT_EQ(on_gpu.tokens, on_cpu.tokens);
   EXPECT_EQ(on_gpu.stop, on_cpu.stop);
+}
+
+TEST(Engine, NoLayersOnTheGpuRunsOnTheCpu) {
+  if (!gpu_available()) GTEST_SKIP() << "no GPU";
+  EngineOptions options = small_context(16, Device::Gpu);
+  options.gpu_layers = 0;
+  Engine engine(test::shared_path(kStories), options);
+  EXPECT_EQ(engine.device(), Device::Cpu);
+  EXPECT_EQ(engine.gpu_layers(), 0);
 }
 
 }  // namespace

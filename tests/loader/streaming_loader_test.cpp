@@ -156,6 +156,32 @@ TEST(StreamingLoaderTest, TiedEmbeddingsLoadOnceWithTheFirstGroup) {
   test::expect_consumed_once_and_intact(*file, sink, test::tensors_of(groups));
 }
 
+// A device that runs the last layers only (the first on the CPU) loads those, the output and the rope factors; the
+// layers before keep their groups' places, empty, and tied embeddings come with the output.
+TEST(StreamingLoaderTest, GroupsFromALayerOnHoldOnlyWhatItRuns) {
+  const std::shared_ptr<const gguf::File> file = gguf::File::open(model_path("TinyStories-656K-Q8_0"));
+  const model::ExecutionPlan plan = model::ExecutionPlan::build(file, std::make_shared<UnusedResidency>());
+  const int64_t layers = plan.config().n_layers;
+  ASSERT_GE(layers, 2);
+  const std::vector<TensorGroup> groups = execution_order_groups(plan, layers - 1);
+  ASSERT_EQ(groups.size(), static_cast<size_t>(layers) + 2);
+  EXPECT_TRUE(groups[0].tensors.empty());  // no rope factors in this file
+  for (int64_t l = 0; l + 1 < layers; ++l) EXPECT_TRUE(groups[layer_group(l)].tensors.empty()) << "layer " << l;
+  EXPECT_EQ(groups[layer_group(layers - 1)].tensors.size(), plan.layer(layers - 1).tensors().size());
+  const gguf::TensorInfo& embeddings = file->tensor("token_embd.weight");
+  ASSERT_EQ(groups.back().tensors.back(), &embeddings);
+
+  RecordingSink sink(*file);
+  StreamingLoader loader(file, groups, sink);
+  loader.wait_all();
+  EXPECT_EQ(loader.group_of(embeddings), groups.size() - 1);
+  std::vector<const gguf::TensorInfo*> held = groups[layer_group(layers - 1)].tensors;
+  held.insert(held.end(), groups.back().tensors.begin(), groups.back().tensors.end());
+  test::expect_consumed_once_and_intact(*file, sink, held);
+
+  EXPECT_NE(error_of([&] { execution_order_groups(plan, layers + 1); }).find("within 0.."), std::string::npos);
+}
+
 TEST(StreamingLoaderTest, OnDemandLoadsOnlyWhatIsRequested) {
   const std::shared_ptr<const gguf::File> file = gguf::File::open(model_path("stories260K"));
   const std::vector<TensorGroup> groups = groups_of(file);

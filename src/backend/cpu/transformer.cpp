@@ -20,9 +20,11 @@ Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOpti
     : plan_(plan),
       config_(plan.config()),
       max_batch_(options.max_batch),
+      layers_(options.layers > 0 ? options.layers : config_.n_layers),
       pool_(options.threads),
       cache_(config_, options.context > 0 ? options.context : config_.context_length, options.kv_type) {
   if (max_batch_ <= 0) fail("max_batch must be positive, got {}", max_batch_);
+  if (layers_ > config_.n_layers) fail("the model has {} layers, not {}", config_.n_layers, layers_);
   const float* freq_factors = plan.rope_freqs() ? f32_data(plan.rope_freqs()) : nullptr;
   rope_inverse_frequencies_ = rope_inverse_frequencies(config_, freq_factors);
   scores_.resize(index(pool_.size() * cache_.capacity()));
@@ -44,7 +46,8 @@ void Transformer::reserve_batch(int64_t n) {
   rope_.resize(rows_of(config_.rope_dims));
 }
 
-std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int64_t position, Logits which) {
+template <typename Batch>
+void Transformer::run(std::span<const int32_t> tokens, int64_t position, const Batch& batch) {
   const auto n = static_cast<int64_t>(tokens.size());
   if (n == 0) fail("forward: no tokens to evaluate");
   if (position < 0 || position > cache_.size())
@@ -56,15 +59,32 @@ std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int
       fail("token id {} is out of range: the vocabulary has {} tokens", token, config_.vocab_size);
 
   cache_.truncate(position);
+  for (int64_t start = 0; start < n; start += max_batch_) batch(start, std::min(max_batch_, n - start));
+}
+
+std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int64_t position, Logits which) {
+  if (layers_ < config_.n_layers)
+    fail("this transformer runs {} of the model's {} layers: forward_hidden() gives their output", layers_,
+         config_.n_layers);
   const int64_t vocab = config_.vocab_size;
+  const auto n = static_cast<int64_t>(tokens.size());
   logits_.resize(index((which == Logits::All ? n : 1) * vocab));
-  for (int64_t start = 0; start < n; start += max_batch_) {
-    const int64_t count = std::min(max_batch_, n - start);
+  run(tokens, position, [&](int64_t start, int64_t count) {
     const bool last_batch = start + count == n;
     float* logits = which == Logits::All ? &logits_[index(start * vocab)] : last_batch ? logits_.data() : nullptr;
     forward_batch(tokens.subspan(index(start), index(count)), position + start, which, logits);
-  }
+  });
   return logits_;
+}
+
+std::span<const float> Transformer::forward_hidden(std::span<const int32_t> tokens, int64_t position) {
+  const int64_t width = config_.n_embd;
+  hidden_.resize(tokens.size() * index(width));
+  run(tokens, position, [&](int64_t start, int64_t count) {
+    forward_batch(tokens.subspan(index(start), index(count)), position + start, Logits::Last, nullptr);
+    std::copy_n(x_.begin(), index(count * width), hidden_.begin() + start * width);
+  });
+  return hidden_;
 }
 
 void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which, float* logits) {
@@ -85,7 +105,7 @@ void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t positio
     rope_angles(&rope_[index(t * c.rope_dims)], position + t, rope_inverse_frequencies_);
   }
 
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  for (int64_t l = 0; l < layers_; ++l) {
     const model::LayerPlan& layer = plan_.layer(l);
 
     // Attention: project the normalized stream to queries, keys and values, rotate queries and keys by

@@ -19,6 +19,7 @@ struct TransformerOptions {
   int64_t context = 0;                   // positions the KV cache holds; 0: the model's context length
   TensorType kv_type = TensorType::F16;  // F16 or F32
   int64_t max_batch = 512;               // tokens per pass; a longer batch runs as several passes
+  int64_t layers = 0;                    // layers run here, from the first (0: all); see forward_hidden()
 };
 
 // Which logits forward() returns.
@@ -38,15 +39,25 @@ class Transformer {
   // the logits (vocab_size floats per row) of the last token or of all tokens; the span stays valid until
   // the next call. A token id out of range, a position past the cache or past the context is an rf::Error.
   std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, Logits which = Logits::Last);
+  // For a transformer that runs the first layers only (TransformerOptions::layers), the later ones running on a
+  // GPU: the same evaluation through its layers, returning the residual stream after the last of them (n_embd
+  // floats per token, every token), which gpu::Transformer::forward takes.
+  std::span<const float> forward_hidden(std::span<const int32_t> tokens, int64_t position);
 
   int64_t cached() const { return cache_.size(); }  // positions in the KV cache
   void truncate(int64_t positions) { cache_.truncate(positions); }
   int64_t context() const { return cache_.capacity(); }
+  int64_t layers() const { return layers_; }
   const model::ModelConfig& config() const { return config_; }
   ThreadPool& pool() { return pool_; }
 
  private:
-  // Runs at most max_batch tokens; writes the logits of the last token or all tokens to `logits`.
+  // Checks the tokens and positions, drops cached positions from `position` on, and calls
+  // batch(start, count) for each pass of at most max_batch tokens.
+  template <typename Batch>
+  void run(std::span<const int32_t> tokens, int64_t position, const Batch& batch);
+  // Runs at most max_batch tokens through the layers; then, where `logits` is not null, writes the logits of
+  // the last token or all tokens there.
   void forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which, float* logits);
   void attention(int64_t layer, int64_t n_tokens, int64_t position);
   void reserve_batch(int64_t n_tokens);
@@ -54,6 +65,7 @@ class Transformer {
   const model::ExecutionPlan& plan_;
   const model::ModelConfig& config_;
   int64_t max_batch_;
+  int64_t layers_;
   ThreadPool pool_;
   KvCache cache_;
   std::vector<double> rope_inverse_frequencies_;
@@ -72,6 +84,7 @@ class Transformer {
   std::vector<float> rope_;      // (cos, sin) per dimension pair [n, rope_dims]
   std::vector<float> scores_;    // attention scores, one context-sized row per thread
   std::vector<float> logits_;
+  std::vector<float> hidden_;    // forward_hidden's result [n, n_embd]
   QuantizedRows input_;
 };
 

@@ -39,7 +39,8 @@ DeviceBuffer upload_weight(TensorType type, uint64_t elements, std::span<const u
 void require_fits(const DeviceMemoryNeed& need, uint64_t available) {
   if (need.total() <= available) return;
   fail("the model does not fit in device memory: {:.2f} GiB of weights + {:.2f} GiB of KV cache ({} positions) + "
-       "{:.2f} GiB of activations = {:.2f} GiB, but {:.2f} GiB are available (a smaller --ctx shrinks the KV cache)",
+       "{:.2f} GiB of activations = {:.2f} GiB, but {:.2f} GiB are available (a smaller --ctx shrinks the KV cache; "
+       "--gpu-layers N runs only the last N layers on the GPU, the others on the CPU)",
        gib(need.weights), gib(need.kv_cache), need.context, gib(need.activations), gib(need.total()), gib(available));
 }
 
@@ -50,10 +51,11 @@ struct DeviceResidency::Streaming {
 
   Streaming(const std::shared_ptr<const gguf::File>& file, const std::vector<loader::TensorGroup>& groups,
             const loader::StreamingOptions& options)
-      : upload(*file, groups.size()), loader(file, groups, upload, options) {}
+      : upload(groups), loader(file, groups, upload, options) {}
 };
 
-DeviceResidency::DeviceResidency(loader::StreamingOptions options) : options_(std::move(options)) {}
+DeviceResidency::DeviceResidency(loader::StreamingOptions options, int64_t first_layer)
+    : options_(std::move(options)), first_layer_(first_layer) {}
 
 DeviceResidency::~DeviceResidency() = default;
 
@@ -61,13 +63,13 @@ void DeviceResidency::bind(const model::ExecutionPlan& plan) {
   std::lock_guard lock(mutex_);
   if (file_) fail("a GPU residency serves one plan; build each plan with its own gpu::make_residency()");
   file_ = plan.file_handle();
-  groups_ = loader::execution_order_groups(plan);
+  groups_ = loader::execution_order_groups(plan, first_layer_);
 }
 
 uint64_t DeviceResidency::unallocated_bytes() const {
   std::lock_guard lock(mutex_);
   if (!file_) fail("the GPU residency is bound to no plan");
-  return streaming_ ? 0 : device_weight_bytes(*file_);
+  return streaming_ ? 0 : device_weight_bytes(groups_);
 }
 
 void DeviceResidency::start_streaming() {
@@ -84,7 +86,7 @@ DeviceResidency::Streaming& DeviceResidency::started() {
   std::lock_guard lock(mutex_);
   if (!streaming_) {
     if (!file_) fail("the GPU residency is bound to no plan");
-    require_fits({.weights = device_weight_bytes(*file_)}, memory_info().free_bytes);
+    require_fits({.weights = device_weight_bytes(groups_)}, memory_info().free_bytes);
     start_locked();
   }
   return *streaming_;

@@ -35,10 +35,11 @@ void require_fits(const DeviceMemoryNeed& need, uint64_t available);
 
 class DeviceResidency final : public model::Residency {
  public:
-  explicit DeviceResidency(loader::StreamingOptions options);
+  // Holds the weights of layers first_layer.. and the output (the layers before run elsewhere: the CPU).
+  DeviceResidency(loader::StreamingOptions options, int64_t first_layer);
   ~DeviceResidency() override;
 
-  // Remembers the plan's file and its weights in execution order (loader::execution_order_groups). A
+  // Remembers the plan's file and the weights it holds in execution order (loader::execution_order_groups). A
   // residency serves one plan.
   void bind(const model::ExecutionPlan& plan) override;
   // Checks that the GPU kernels read the tensor's type (an rf::Error naming the tensor otherwise), then waits
@@ -49,9 +50,10 @@ class DeviceResidency final : public model::Residency {
   // Bytes and tensors uploaded, the wall time and the loader's phases.
   void report(model::LoadingStats& stats) const override;
 
+  int64_t first_layer() const { return first_layer_; }
   // Device memory the weights will take when streaming starts: all of it before, none after.
   uint64_t unallocated_bytes() const;
-  // Starts uploading every weight in execution order, once; returns at once. The caller checked the fit.
+  // Starts uploading its weights in execution order, once; returns at once. The caller checked the fit.
   void start_streaming();
 
  private:
@@ -60,6 +62,7 @@ class DeviceResidency final : public model::Residency {
   void start_locked();
 
   const loader::StreamingOptions options_;
+  const int64_t first_layer_;
   std::shared_ptr<const gguf::File> file_;
   std::vector<loader::TensorGroup> groups_;
   mutable std::mutex mutex_;  // guards the start; what streaming_ points to is safe to share

@@ -1,5 +1,7 @@
 #include "backend/gpu/streaming_upload.h"
 
+#include <unordered_set>
+
 #include "backend/gpu/kernels.h"
 #include "backend/gpu/weight_layout.h"
 #include "util/error.h"
@@ -18,23 +20,32 @@ uint64_t arena_extent(const gguf::TensorInfo& tensor) {
   return (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
 }
 
+// Calls fn(tensor) for each tensor of `groups`, once, in order.
+template <typename Fn>
+void for_each_tensor(const std::vector<loader::TensorGroup>& groups, const Fn& fn) {
+  std::unordered_set<const gguf::TensorInfo*> seen;
+  for (const loader::TensorGroup& group : groups)
+    for (const gguf::TensorInfo* tensor : group.tensors)
+      if (seen.insert(tensor).second) fn(*tensor);
+}
+
 }  // namespace
 
-uint64_t device_weight_bytes(const gguf::File& file) {
+uint64_t device_weight_bytes(const std::vector<loader::TensorGroup>& groups) {
   uint64_t bytes = 0;
-  for (const gguf::TensorInfo& tensor : file.tensors()) bytes += arena_extent(tensor);
+  for_each_tensor(groups, [&](const gguf::TensorInfo& tensor) { bytes += arena_extent(tensor); });
   return bytes;
 }
 
 StreamingUpload::Staging::Staging(size_t bytes)
     : host(bytes, "a pinned staging buffer"), device(bytes, "a device staging buffer") {}
 
-StreamingUpload::StreamingUpload(const gguf::File& file, size_t group_count) {
-  for (const gguf::TensorInfo& tensor : file.tensors()) {
+StreamingUpload::StreamingUpload(const std::vector<loader::TensorGroup>& groups) {
+  for_each_tensor(groups, [&](const gguf::TensorInfo& tensor) {
     offsets_.emplace(&tensor, arena_bytes_);
     arena_bytes_ += arena_extent(tensor);
-  }
-  for (size_t g = 0; g < group_count; ++g) group_ready_.push_back(std::make_unique<Event>());
+  });
+  for (size_t g = 0; g < groups.size(); ++g) group_ready_.push_back(std::make_unique<Event>());
 }
 
 StreamingUpload::~StreamingUpload() {
@@ -101,7 +112,7 @@ void StreamingUpload::group_done(size_t group) {
 
 const void* StreamingUpload::device_data(const gguf::TensorInfo& tensor) const {
   const auto found = offsets_.find(&tensor);
-  if (found == offsets_.end()) fail("streaming upload: tensor '{}' is not one of its file's", tensor.name);
+  if (found == offsets_.end()) fail("streaming upload: tensor '{}' is not one of its groups'", tensor.name);
   return arena_.as<uint8_t>() + found->second;
 }
 

@@ -7,7 +7,7 @@
 // split types go through a device staging area, from which split_block_scales() moves the scales out of the
 // blocks.
 //
-//   StreamingUpload upload(*file, groups.size());
+//   StreamingUpload upload(groups);
 //   loader::StreamingLoader loader(file, groups, upload);  // returns at once; the upload runs behind
 //   ...
 //   loader.request(loader::layer_group(i));                // the host waits until layer i's copies are queued
@@ -25,18 +25,20 @@
 #include "backend/gpu/runtime.h"
 #include "gguf/gguf.h"
 #include "loader/sink.h"
+#include "loader/tensor_groups.h"
 
 namespace rf::gpu {
 
-// Bytes of device memory every tensor of `file` takes in the device layout, as StreamingUpload places them.
-uint64_t device_weight_bytes(const gguf::File& file);
+// Bytes of device memory the tensors of `groups` take in the device layout, as StreamingUpload places them (a
+// tensor listed twice once).
+uint64_t device_weight_bytes(const std::vector<loader::TensorGroup>& groups);
 
 class StreamingUpload final : public loader::Sink {
  public:
-  // Lays out every tensor of `file` in one device allocation, made by the first consume() (so opening stays
-  // fast and the allocation overlaps the first reads), and creates a ready event for each of `group_count`
-  // groups. Uses the current device.
-  StreamingUpload(const gguf::File& file, size_t group_count);
+  // Lays out every tensor of `groups` in one device allocation, made by the first consume() (so opening stays
+  // fast and the allocation overlaps the first reads), and creates a ready event for each group. Uses the
+  // current device.
+  explicit StreamingUpload(const std::vector<loader::TensorGroup>& groups);
   // The loader must be destroyed (or cancelled) first: it releases the staging buffers through this sink.
   ~StreamingUpload() override;
 

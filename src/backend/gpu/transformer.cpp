@@ -21,17 +21,18 @@ AttentionShape attention_shape(const model::ModelConfig& c) {
   return {c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dims / 2, c.rope_style == model::RopeStyle::NeoX};
 }
 
-// Rejects what the kernels cannot run, naming it.
-void check_supported(const model::ExecutionPlan& plan, const AttentionShape& shape) {
+// Rejects what the kernels cannot run from layer first_layer on, naming it.
+void check_supported(const model::ExecutionPlan& plan, const AttentionShape& shape, int64_t first_layer) {
   if (plan.config().n_embd % 4 != 0) fail("the GPU backend needs a width that is a multiple of 4");
   if (shape.head_dim % 2 != 0 || shape.head_dim > kMaxHeadDim)
     fail("the GPU backend needs an even head dimension of at most {}, the model has {}", kMaxHeadDim, shape.head_dim);
   if (shape.heads_per_kv_head() > kMaxHeadsPerKvHead)
     fail("the GPU backend shares a kv head among at most {} query heads, the model among {}", kMaxHeadsPerKvHead,
          shape.heads_per_kv_head());
-  std::vector<const model::LazyTensor*> matrices{&plan.token_embd(), &plan.output()};
-  for (const model::LayerPlan& layer : plan.layers())
-    for (const model::LazyTensor* tensor : layer.tensors())
+  std::vector<const model::LazyTensor*> matrices{&plan.output()};
+  if (first_layer == 0) matrices.push_back(&plan.token_embd());
+  for (int64_t l = first_layer; l < plan.config().n_layers; ++l)
+    for (const model::LazyTensor* tensor : plan.layer(l).tensors())
       if (tensor->info().n_dims == 2) matrices.push_back(tensor);
   for (const model::LazyTensor* matrix : matrices) {
     if (!has_kernels(matrix->type()))
@@ -48,10 +49,10 @@ int64_t context_of(const model::ModelConfig& config, const TransformerOptions& o
   return options.context > 0 ? options.context : std::min(config.context_length, kDefaultContext);
 }
 
-// The key cache, or the value cache: every layer and position, f16.
-uint64_t cache_bytes(const model::ModelConfig& config, int64_t context) {
-  return static_cast<uint64_t>(config.n_layers) * static_cast<uint64_t>(context) *
-         static_cast<uint64_t>(config.kv_dim()) * sizeof(uint16_t);
+// The key cache, or the value cache: every position of `layers` layers, f16.
+uint64_t cache_bytes(const model::ModelConfig& config, int64_t layers, int64_t context) {
+  return static_cast<uint64_t>(layers) * static_cast<uint64_t>(context) * static_cast<uint64_t>(config.kv_dim()) *
+         sizeof(uint16_t);
 }
 
 DeviceResidency& device_residency(const model::ExecutionPlan& plan) {
@@ -69,32 +70,52 @@ int64_t largest_layer_matrix(const model::ExecutionPlan& plan) {
   return largest;
 }
 
+// What a decode step's capture needs on the device: the weights of layers first_layer.. and the output.
+void preload_from(const model::ExecutionPlan& plan, int64_t first_layer) {
+  if (first_layer == 0) {
+    plan.preload_all();
+    return;
+  }
+  if (first_layer < plan.config().n_layers) plan.preload_layers(first_layer, plan.config().n_layers - 1);
+  plan.output_norm().data();
+  plan.output().data();
+}
+
 }  // namespace
 
-std::shared_ptr<model::Residency> make_residency() {
+std::shared_ptr<model::Residency> make_residency(int64_t first_layer) {
   loader::StreamingOptions options;
   // Measured on an H200 host: 8 readers bring a page-cached file to the device at 24 to 31 GB/s.
   options.reader_threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
   options.progress_label = "loading";
-  return std::make_shared<DeviceResidency>(std::move(options));
+  return std::make_shared<DeviceResidency>(std::move(options), first_layer);
 }
 
 struct Transformer::State {
-  State(const model::ExecutionPlan& plan, const TransformerOptions& options);
+  State(const model::ExecutionPlan& plan, int64_t first_layer, const TransformerOptions& options);
 
-  // Runs at most max_batch tokens. Logits::All: the logits of every token go to all_logits from row
+  // Evaluates n tokens at position, position + 1, ... in passes of at most max_batch; stage(start, count) puts
+  // the input of tokens start .. start + count - 1 into the pinned buffers (tokens to step_host from its
+  // second element, or residual rows to hidden_host).
+  template <typename Stage>
+  std::span<const float> run(int64_t n, int64_t position, Logits which, const Stage& stage);
+  // Runs the n <= max_batch tokens staged. Logits::All: the logits of every token go to all_logits from row
   // first_row on; Logits::Last: those of the last token of the last batch go to logits_host.
-  void forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which, int64_t first_row,
-                     bool last_batch);
-  // Enqueues the pass over the n tokens of step_host on the stream: the logits of the wanted rows go to
-  // `logits` (none when null): device memory, or logits_host for the last row.
+  void forward_batch(int64_t n, int64_t position, Logits which, int64_t first_row, bool last_batch);
+  // Enqueues the pass over the n tokens staged on the stream: the logits of the wanted rows go to `logits`
+  // (none when null): device memory, or logits_host for the last row.
   void enqueue(int64_t n, Logits which, float* logits);
-  uint16_t* key_cache(int64_t layer) const { return keys.as<uint16_t>() + layer * context * shape.kv_dim(); }
-  uint16_t* value_cache(int64_t layer) const { return values.as<uint16_t>() + layer * context * shape.kv_dim(); }
+  uint16_t* key_cache(int64_t layer) const {
+    return keys.as<uint16_t>() + (layer - first_layer) * context * shape.kv_dim();
+  }
+  uint16_t* value_cache(int64_t layer) const {
+    return values.as<uint16_t>() + (layer - first_layer) * context * shape.kv_dim();
+  }
 
   const model::ExecutionPlan& plan;
   const model::ModelConfig& config;
   const AttentionShape shape;
+  const int64_t first_layer;  // layers before it run elsewhere: their output arrives in hidden_host
   const int64_t context;
   const int64_t max_batch;
   const bool graphs;
@@ -103,8 +124,8 @@ struct Transformer::State {
   Stream stream;
   Products products;
   DeviceBuffer inverse_frequencies;
-  DeviceBuffer keys;    // [layer][position][kv_dim] f16
-  DeviceBuffer values;  // [layer][position][kv_dim] f16
+  DeviceBuffer keys;    // [layer - first_layer][position][kv_dim] f16
+  DeviceBuffer values;  // [layer - first_layer][position][kv_dim] f16
 
   // Activations of a batch, one row per token (the GPU twin of cpu::Transformer's).
   DeviceBuffer x;                // residual stream [n, n_embd]
@@ -120,6 +141,7 @@ struct Transformer::State {
   DeviceBuffer logits_all;       // [rows, vocab], grown on demand
   DeviceBuffer step_device;      // position, then the tokens of the batch
   PinnedBuffer step_host;
+  PinnedBuffer hidden_host;  // with first_layer > 0: the batch's residual rows [n, n_embd]
   // [vocab]: the last row's logits, written there by the output product's thread blocks as they finish rather
   // than copied after it (H200, decoding: 1b Q4_K_M 1633-1648 -> 1648-1662, 8b 471-474 -> 476-478 tokens/s).
   PinnedBuffer logits_host;
@@ -127,16 +149,17 @@ struct Transformer::State {
   Graph decode_step;
 };
 
-Transformer::State::State(const model::ExecutionPlan& plan_, const TransformerOptions& options)
+Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer_, const TransformerOptions& options)
     : plan(plan_),
       config(plan_.config()),
       shape(attention_shape(config)),
+      first_layer(first_layer_),
       context(context_of(config, options)),
       max_batch(options.max_batch),
       graphs(options.graphs),
       products(largest_layer_matrix(plan_)),
-      keys(cache_bytes(config, context), "the key cache"),
-      values(cache_bytes(config, context), "the value cache"),
+      keys(cache_bytes(config, config.n_layers - first_layer, context), "the key cache"),
+      values(cache_bytes(config, config.n_layers - first_layer, context), "the value cache"),
       x(bytes_of_floats(max_batch * config.n_embd), "activations"),
       normalized(max_batch, config.n_embd),
       q(bytes_of_floats(max_batch * config.q_dim()), "activations"),
@@ -150,6 +173,7 @@ Transformer::State::State(const model::ExecutionPlan& plan_, const TransformerOp
       step_device(static_cast<size_t>(1 + max_batch) * sizeof(int32_t), "the batch's tokens"),
       step_host(static_cast<size_t>(1 + max_batch) * sizeof(int32_t), "the batch's tokens"),
       logits_host(bytes_of_floats(config.vocab_size), "logits") {
+  if (first_layer > 0) hidden_host = PinnedBuffer(bytes_of_floats(max_batch * config.n_embd), "the residual stream");
   const float* freq_factors = plan.rope_freqs()
                                   ? reinterpret_cast<const float*>(plan.file().tensor_data(plan.rope_freqs().info()).data())
                                   : nullptr;
@@ -161,19 +185,35 @@ Transformer::State::State(const model::ExecutionPlan& plan_, const TransformerOp
   check(gpuMemsetAsync(partials.data(), 0, partials.bytes(), stream.get()), "clearing the attention counters");
 }
 
-void Transformer::State::forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which,
-                                       int64_t first_row, bool last_batch) {
-  const auto n = static_cast<int64_t>(tokens.size());
-  auto* step = step_host.as<int32_t>();
-  step[0] = static_cast<int32_t>(position);
-  std::copy(tokens.begin(), tokens.end(), step + 1);
+template <typename Stage>
+std::span<const float> Transformer::State::run(int64_t n, int64_t position, Logits which, const Stage& stage) {
+  if (n == 0) fail("forward: no tokens to evaluate");
+  if (position < 0 || position > cached)
+    fail("forward: position {} is not within the {} cached positions", position, cached);
+  if (position + n > context)
+    fail("{} tokens at position {} do not fit in the context of {} positions", n, position, context);
+  cached = position;
+  if (which == Logits::All) all_logits.resize(static_cast<size_t>(n * config.vocab_size));
+  for (int64_t start = 0; start < n; start += max_batch) {
+    const int64_t count = std::min(max_batch, n - start);
+    stage(start, count);
+    forward_batch(count, position + start, which, start, start + count == n);
+    cached = position + start + count;
+  }
+  if (which == Logits::All) return all_logits;
+  return {logits_host.as<float>(), static_cast<size_t>(config.vocab_size)};
+}
+
+void Transformer::State::forward_batch(int64_t n, int64_t position, Logits which, int64_t first_row,
+                                       bool last_batch) {
+  step_host.as<int32_t>()[0] = static_cast<int32_t>(position);
   const int64_t vocab = config.vocab_size;
 
   if (which == Logits::Last) {
     if (n == 1 && last_batch && graphs) {
       if (!decode_step.ready()) {
         // A capture records launches, not uploads: every weight must be on the device before.
-        plan.preload_all();
+        preload_from(plan, first_layer);
         decode_step.capture(stream.get(), [&] { enqueue(1, Logits::Last, logits_host.as<float>()); });
       }
       decode_step.launch(stream.get());
@@ -209,12 +249,18 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
     rmsnorm(in, f32(weight), rows, c.n_embd, c.rms_eps, normalized.output_for(consumer.type(), rows), s);
   };
 
-  // Each token's embedding row, and the rotation angles of its position.
-  const DeviceMatrix embeddings = device_matrix(plan.token_embd());
-  embed_tokens(embeddings.type, embeddings.view, c.n_embd, step, n, x.as<float>(), s);
+  // Each token's embedding row (or the residual stream the layers before first_layer made), and the rotation
+  // angles of its position.
+  if (first_layer == 0) {
+    const DeviceMatrix embeddings = device_matrix(plan.token_embd());
+    embed_tokens(embeddings.type, embeddings.view, c.n_embd, step, n, x.as<float>(), s);
+  } else {
+    check(gpuMemcpyAsync(x.data(), hidden_host.data(), bytes_of_floats(n * c.n_embd), gpuMemcpyHostToDevice, s),
+          "copying the residual stream");
+  }
   rope_table(inverse_frequencies.as<double>(), shape.rope_pairs, step, n, rope.as<float>(), s);
 
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  for (int64_t l = first_layer; l < c.n_layers; ++l) {
     const model::LayerPlan& layer = plan.layer(l);
     // The layer's weights may still be streaming in: wait for this layer's only (at once when resident).
     plan.preload_layers(l, l);
@@ -256,20 +302,22 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
 
 Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options) {
   if (options.max_batch < 0) fail("max_batch must not be negative, got {}", options.max_batch);
-  check_supported(plan, attention_shape(plan.config()));
   DeviceResidency& weights = device_residency(plan);
+  const int64_t first_layer = weights.first_layer();
+  check_supported(plan, attention_shape(plan.config()), first_layer);
   // Refuse a model that does not fit before anything is uploaded: weights and KV cache before the cache is
   // allocated, then once more with the activations, measured as what allocating the state took beyond it.
   const uint64_t free_before = memory_info().free_bytes;
   const uint64_t available = options.device_memory > 0 ? std::min(free_before, options.device_memory) : free_before;
   DeviceMemoryNeed need{.weights = weights.unallocated_bytes(),
-                        .kv_cache = 2 * cache_bytes(plan.config(), context_of(plan.config(), options)),
+                        .kv_cache = 2 * cache_bytes(plan.config(), plan.config().n_layers - first_layer,
+                                                    context_of(plan.config(), options)),
                         .context = context_of(plan.config(), options)};
   require_fits(need, available);
   TransformerOptions pass = options;
   pass.max_batch = options.max_batch > 0 ? options.max_batch : kDefaultPassTokens;
   const auto allocate = [&] {
-    state_ = std::make_unique<State>(plan, pass);
+    state_ = std::make_unique<State>(plan, first_layer, pass);
     const uint64_t taken = free_before - std::min(free_before, memory_info().free_bytes);
     need.activations = taken - std::min(taken, need.kv_cache);
     require_fits(need, available);
@@ -303,26 +351,26 @@ void Transformer::truncate(int64_t positions) {
 
 std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int64_t position, Logits which) {
   State& s = *state_;
-  const auto n = static_cast<int64_t>(tokens.size());
-  if (n == 0) fail("forward: no tokens to evaluate");
-  if (position < 0 || position > s.cached)
-    fail("forward: position {} is not within the {} cached positions", position, s.cached);
-  if (position + n > s.context)
-    fail("{} tokens at position {} do not fit in the context of {} positions", n, position, s.context);
+  if (s.first_layer > 0)
+    fail("this GPU transformer runs layers {}.. only: it takes the residual stream of the layers before",
+         s.first_layer);
   for (const int32_t token : tokens)
     if (token < 0 || token >= s.config.vocab_size)
       fail("token id {} is out of range: the vocabulary has {} tokens", token, s.config.vocab_size);
+  return s.run(static_cast<int64_t>(tokens.size()), position, which, [&](int64_t start, int64_t count) {
+    std::copy_n(tokens.begin() + start, count, s.step_host.as<int32_t>() + 1);
+  });
+}
 
-  s.cached = position;
-  if (which == Logits::All) s.all_logits.resize(static_cast<size_t>(n * s.config.vocab_size));
-  for (int64_t start = 0; start < n; start += s.max_batch) {
-    const int64_t count = std::min(s.max_batch, n - start);
-    s.forward_batch(tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(count)), position + start, which,
-                    start, start + count == n);
-    s.cached = position + start + count;
-  }
-  if (which == Logits::All) return s.all_logits;
-  return {s.logits_host.as<float>(), static_cast<size_t>(s.config.vocab_size)};
+std::span<const float> Transformer::forward(std::span<const float> hidden, int64_t position, Logits which) {
+  State& s = *state_;
+  const int64_t width = s.config.n_embd;
+  if (s.first_layer == 0) fail("this GPU transformer runs every layer: it takes tokens, not a residual stream");
+  if (hidden.size() % static_cast<size_t>(width) != 0)
+    fail("forward: {} floats are not whole rows of the residual stream ({} values)", hidden.size(), width);
+  return s.run(static_cast<int64_t>(hidden.size()) / width, position, which, [&](int64_t start, int64_t count) {
+    std::copy_n(hidden.begin() + start * width, count * width, s.hidden_host.as<float>());
+  });
 }
 
 }  // namespace rf::gpu

@@ -5,7 +5,9 @@
 // weights in execution order; a forward pass waits for each layer just before running it, so the first
 // prompt is computed while later layers still arrive. A decoding step (one token) is captured once as a
 // graph (CUDA graph / hipGraph), once every weight is resident, and replayed for every later token: the
-// token and its position travel to the device as data, so the recorded launches never change.
+// token and its position travel to the device as data, so the recorded launches never change. A transformer
+// may run the last layers only (and the output), the layers before it running on the CPU: it then takes the
+// residual stream those layers made instead of tokens (make_residency's first_layer).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -42,8 +44,9 @@ enum class Logits {
 };
 
 // The residency a plan must be built with to run here (gpu::DeviceResidency): 8 reader threads (at most one
-// per hardware thread) and a progress bar on a terminal while loading takes longer than a moment.
-std::shared_ptr<model::Residency> make_residency();
+// per hardware thread) and a progress bar on a terminal while loading takes longer than a moment. It holds
+// layers first_layer.. and the output: a transformer on its plan runs those.
+std::shared_ptr<model::Residency> make_residency(int64_t first_layer = 0);
 
 class Transformer {
  public:
@@ -60,6 +63,9 @@ class Transformer {
   // As cpu::Transformer::forward: evaluates `tokens` at positions position, position + 1, ... (position <=
   // cached()) and returns the logits of the last token or of all tokens, valid until the next call.
   std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, Logits which = Logits::Last);
+  // The same for a transformer on a residency from layer F > 0 on (make_residency(F)): `hidden` holds the
+  // residual stream after layer F - 1, n_embd floats per token (cpu::Transformer::forward_hidden).
+  std::span<const float> forward(std::span<const float> hidden, int64_t position, Logits which = Logits::Last);
 
   int64_t cached() const;
   void truncate(int64_t positions);
