@@ -47,7 +47,6 @@ class Transformer {
   int64_t cached() const { return cache_.size(); }  // positions in the KV cache
   void truncate(int64_t positions) { cache_.truncate(positions); }
   int64_t context() const { return cache_.capacity(); }
-  int64_t layers() const { return layers_; }
   const model::ModelConfig& config() const { return config_; }
   ThreadPool& pool() { return pool_; }
 
