@@ -117,6 +117,17 @@ TEST_P(GpuReferenceTest, LogitsMatchCpuAndLlamaCpp) {
     rows.insert(rows.begin() + n_prompt, rows[static_cast<size_t>(n_prompt - 1)]);
   };
   repeat_last_prompt_row(cpu_rows);
+  const auto cpu_row = [&](int64_t i) { return std::span<const float>(cpu_rows[static_cast<size_t>(i)]); };
+  const auto ref_row = [&](int64_t i) { return ref.row(i); };
+  // Where products quantize activations to 8 bits (any quantized weight), results are chaotic below 1e-4:
+  // a last-bit difference before a quantization step moves a level, and the levels' errors grow through the
+  // layers. The CPU backend against itself with an F32 instead of an F16 KV cache measures that floor:
+  // min cosine 0.99978 on synth-tiny256-Q4_K_M, 0.99986 on Q4_0, 0.99990 on Q8_0 (F16: 1.0). The GPU
+  // cannot agree with the CPU more closely than that without bit-identical arithmetic.
+  bool eight_bit_activations = false;
+  for (const gguf::TensorInfo& tensor : file->tensors())
+    eight_bit_activations |= tensor.type_info->block_elements > 1;
+  const double cpu_bound = eight_bit_activations ? 0.9995 : 0.9999;
 
   const int64_t layers = cpu_plan.config().n_layers;
   for (const int64_t first_layer : {int64_t{0}, std::max<int64_t>(1, layers / 2)}) {
@@ -133,8 +144,6 @@ TEST_P(GpuReferenceTest, LogitsMatchCpuAndLlamaCpp) {
     repeat_last_prompt_row(batch_rows);
     repeat_last_prompt_row(step_rows);
 
-    const auto cpu_row = [&](int64_t i) { return std::span<const float>(cpu_rows[static_cast<size_t>(i)]); };
-    const auto ref_row = [&](int64_t i) { return ref.row(i); };
     const Agreement batch_cpu = compare(batch_rows, cpu_row);
     const Agreement batch_ref = compare(batch_rows, ref_row);
     const Agreement step_cpu = compare(step_rows, cpu_row);
@@ -143,15 +152,6 @@ TEST_P(GpuReferenceTest, LogitsMatchCpuAndLlamaCpp) {
               << " of " << layers << "): batch vs CPU " << batch_cpu.min_cosine << ", vs llama.cpp "
               << batch_ref.min_cosine << "; token by token vs CPU " << step_cpu.min_cosine << ", vs llama.cpp "
               << step_ref.min_cosine << "\n";
-    // Where products quantize activations to 8 bits (any quantized weight), results are chaotic below 1e-4:
-    // a last-bit difference before a quantization step moves a level, and the levels' errors grow through the
-    // layers. The CPU backend against itself with an F32 instead of an F16 KV cache measures that floor:
-    // min cosine 0.99978 on synth-tiny256-Q4_K_M, 0.99986 on Q4_0, 0.99990 on Q8_0 (F16: 1.0). The GPU
-    // cannot agree with the CPU more closely than that without bit-identical arithmetic.
-    bool eight_bit_activations = false;
-    for (const gguf::TensorInfo& tensor : file->tensors())
-      eight_bit_activations |= tensor.type_info->block_elements > 1;
-    const double cpu_bound = eight_bit_activations ? 0.9995 : 0.9999;
     EXPECT_GE(batch_cpu.min_cosine, cpu_bound) << "worst row " << batch_cpu.worst_row;
     EXPECT_GE(batch_ref.min_cosine, 0.999) << "worst row " << batch_ref.worst_row;
     EXPECT_GE(step_cpu.min_cosine, cpu_bound) << "worst row " << step_cpu.worst_row;
