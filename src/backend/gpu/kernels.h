@@ -164,4 +164,38 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
 // outputs then differ from f32 scoring by up to about 1e-3 of the values' scale.
 bool attention_decode_rounds_to_f16(const AttentionShape& shape, ActivationBlocks blocks);
 
+// Decoding with F16 or BF16 weights: a chain of up to kMaxChainSteps matrix-vector steps of one activation row as
+// one persistent launch (product_chain.cu says how and why). Each step multiplies its input row of `cols` f32
+// values, RMS-normalized with `norm` (eps) where one is given, by one to three matrices of `rows` rows, and stores
+// the results (Store: y[m]), adds them to y[0] (Accumulate: the residual stream), or writes silu(first) * second to
+// y[0] (Swiglu: gate and up, of equal rows). A step's input may be what an earlier step wrote.
+enum class ChainOutput { Store, Accumulate, Swiglu };
+struct ChainStep {
+  const float* input = nullptr;
+  const float* norm = nullptr;
+  int64_t cols = 0;
+  ChainOutput output = ChainOutput::Store;
+  int matrices = 0;
+  const void* weights[3] = {};
+  int64_t rows[3] = {};
+  float* y[3] = {};
+};
+constexpr int kMaxChainSteps = 4;
+// Values of a step's input row, which every thread block keeps in shared memory.
+constexpr int64_t kMaxChainInput = 16384;
+struct ProductChain {
+  TensorType type = TensorType::F16;
+  float eps = 0.0f;
+  int steps = 0;
+  ChainStep step[kMaxChainSteps];
+  // Set by the launch: the shared-memory floats of the input row and of a thread block's row sums.
+  int64_t input_floats = 0;
+  int64_t sum_floats = 0;
+};
+// Whether product_chain runs `chain` here: a CUDA build on a Hopper or newer device, 16-bit float weights, widths
+// that are multiples of 256 values and at most kMaxChainInput, and shared memory enough for a block's rows.
+bool product_chain_runs(ProductChain chain);
+// `arrivals`: one zeroed counter, which the launch leaves zeroed.
+void product_chain(ProductChain chain, unsigned* arrivals, gpuStream_t stream);
+
 }  // namespace rf::gpu

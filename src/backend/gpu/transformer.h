@@ -35,6 +35,9 @@ struct TransformerOptions {
   bool graphs = true;     // replay decoding steps from a captured graph
   // Device memory the model may take (weights, KV cache, activations); 0: what the device has free.
   uint64_t device_memory = 0;
+  // Whether decode steps run the products after each attention as one persistent launch (product_chain), where the
+  // device and the weights allow it: Auto where a layer's weights are large enough to gain (transformer.cpp).
+  enum class Chains { Auto, Always, Never } chains = Chains::Auto;
 };
 
 // Which logits forward() returns.
@@ -71,6 +74,8 @@ class Transformer {
   void truncate(int64_t positions);
   int64_t context() const;
   int64_t max_batch() const;  // tokens per pass
+  // Whether decode steps run the products after each attention as chains (TransformerOptions::chains).
+  bool decodes_in_chains() const;
   const model::ModelConfig& config() const;
 
  private:

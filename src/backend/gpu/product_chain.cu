@@ -1,0 +1,363 @@
+// Decoding with 16-bit float weights (F16, BF16): the products between one attention and the next (the output
+// projection, the feed-forward block, the next layer's q, k and v) as one persistent launch, so that the weights keep
+// streaming from device memory across the steps' dependencies.
+//
+// Why: launched one product at a time, each boundary between two products costs the F16 weights' stream its ramp
+// and drain. Measured on an H200 with the 8B's shapes, a layer's four matrices took 115.9 µs as four launches and
+// 101.5-103.1 µs as one launch without dependencies (PERFORMANCE.md, twenty-fourth round).
+//
+// How: one thread block per multiprocessor, all resident at once. In each block a producer warp copies the block's
+// share of every matrix of the chain, one after another, into a ring of shared-memory stages with bulk copies (the
+// Hopper copy engine, cp.async.bulk), without ever waiting for activations: only for a free stage. Sixteen consumer
+// warps take each stage as it lands, dot it with the step's input row, which every block keeps in shared memory,
+// and hand the stage back. Between two steps the consumers of all blocks meet at a grid-wide barrier; meanwhile the
+// producer goes on filling the ring with the next step's rows, so the memory system stays busy through the barrier
+// and through the small steps around it (the norm that every block applies to its own copy of the input, the SwiGLU,
+// the attention kernel that runs between two launches: the next launch starts beside it and its producers stream
+// while its consumers wait for the attention's output).
+//
+// A block's share of a matrix is a contiguous run of rows (its rows of gate and up are the same rows, so that the
+// block applies the SwiGLU to its own sums). A warp's task is a piece of kPiece consecutive values of a row; lane l
+// takes four consecutive values at 4l, 128 + 4l, ..., so that a warp's reads of the weights and of the f32 input are
+// both consecutive in shared memory (no bank conflicts). The block adds the pieces' sums per row in shared memory and
+// writes each row once at the end of the step.
+//
+// Bytes per token: every weight byte once, from device memory into shared memory; each step's input row once per
+// block from L2.
+#include <algorithm>
+
+#include "backend/gpu/device.cuh"
+#include "backend/gpu/kernels.h"
+
+namespace rf::gpu {
+// The bulk copies and shared-memory barriers are Hopper's (sm_90): a HIP build has no chains, and a CUDA build's
+// code for older devices traps (product_chain_runs() keeps them from launching it).
+#if !defined(ROCMFORGE_GPU_HIP)
+namespace {
+
+constexpr int kConsumerWarps = 16;
+constexpr int kChainThreads = (kConsumerWarps + 1) * 32;
+constexpr int kConsumerThreads = kConsumerWarps * 32;
+// Five stages of 32 KiB: 160 KiB a block in flight, about 5 µs of a multiprocessor's share of an H200's bandwidth
+// (four stages: llama3-8b F16 234.7-234.9 against 235.9-236.1 tokens/s). In a probe, stages of 16 KiB (half a
+// stage's pieces per warp) or 40 KiB (more than one) kept the consumers from keeping up.
+constexpr int kStages = 5;
+constexpr int kStageBytes = 32 * 1024;
+// Pieces are 1024 values where every width allows, else 256.
+constexpr int64_t kWidePiece = 1024;
+constexpr int64_t kNarrowPiece = 256;
+
+// A block's rows of a matrix of `rows` rows: [first, end).
+struct Share {
+  int64_t first;
+  int64_t end;
+  __host__ __device__ int64_t rows() const { return end - first; }
+};
+__host__ __device__ inline Share share_of(int64_t rows, int64_t block, int64_t blocks) {
+  return {rows * block / blocks, rows * (block + 1) / blocks};
+}
+
+// Hopper's instructions; a trap in code compiled for older devices.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define HOPPER_ASM(...) __trap()
+#else
+#define HOPPER_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
+// (Unreferenced where HOPPER_ASM traps.)
+[[maybe_unused]] __device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void barrier_init(uint64_t* barrier, unsigned count) {
+  HOPPER_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(barrier)), "r"(count));
+}
+// The producer's arrival, announcing the bytes the stage's copy will bring.
+__device__ __forceinline__ void barrier_expect_bytes(uint64_t* barrier, unsigned bytes) {
+  HOPPER_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t* barrier) {
+  HOPPER_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(barrier)) : "memory");
+}
+// Waits until the phase of `barrier` with parity `parity` has completed.
+__device__ __forceinline__ void barrier_wait(uint64_t* barrier, unsigned parity) {
+  HOPPER_ASM(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n"
+      "}\n" ::"r"(shared_address(barrier)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* destination, const void* source, unsigned bytes, uint64_t* barrier) {
+  HOPPER_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   shared_address(destination)),
+               "l"(source), "r"(bytes), "r"(shared_address(barrier))
+               : "memory");
+}
+// A barrier among the consumer warps only (the producer never waits for them).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory"); }
+
+// Every block's consumers meet here; `arrivals` counts them over the whole launch.
+__device__ __forceinline__ void grid_barrier(unsigned* arrivals, unsigned target) {
+  consumers_sync();
+  if (threadIdx.x == 0) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
+    unsigned seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
+    } while (seen < target);
+  }
+  consumers_sync();
+}
+
+// Two weights of a 32-bit word as floats.
+template <TensorType T>
+__device__ __forceinline__ float2 widen_pair(uint32_t bits) {
+  if constexpr (T == TensorType::F16) return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+  return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+}
+
+// The dot product of a piece of kPiece weights (shared memory) with the input values it meets (shared memory),
+// summed over the warp.
+template <TensorType T, int kPiece>
+__device__ __forceinline__ float piece_dot(const uint16_t* weights, const float* input, int lane) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPiece / 128; ++j) {
+    const int c = j * 128 + lane * 4;
+    const uint2 w = *reinterpret_cast<const uint2*>(weights + c);
+    const float4 a = *reinterpret_cast<const float4*>(input + c);
+    const float2 w0 = widen_pair<T>(w.x);
+    const float2 w1 = widen_pair<T>(w.y);
+    sum += w0.x * a.x + w0.y * a.y + w1.x * a.z + w1.y * a.w;
+  }
+  return team_sum(sum);
+}
+
+// Copies the step's input row into `x`, RMS-normalized with step.norm where it has one (the sum of squares in
+// double, as rmsnorm() does). Every thread's loads are issued before any is used: the step waits one round trip.
+__device__ void load_input(const ChainStep& step, float eps, float* x, double* squares) {
+  constexpr int kMaxLoads = kMaxChainInput / 4 / kConsumerThreads;
+  const int64_t quads = step.cols / 4;
+  float4 values[kMaxLoads];
+#pragma unroll
+  for (int j = 0; j < kMaxLoads; ++j) {
+    const int64_t i = threadIdx.x + j * kConsumerThreads;
+    if (i < quads) values[j] = __ldcg(reinterpret_cast<const float4*>(step.input) + i);
+  }
+  float scale = 1.0f;
+  if (step.norm) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxLoads; ++j)
+      if (threadIdx.x + j * kConsumerThreads < quads)
+        sum += values[j].x * values[j].x + values[j].y * values[j].y + values[j].z * values[j].z +
+               values[j].w * values[j].w;
+    const float warp_squares = team_sum(sum);
+    if (threadIdx.x % 32 == 0) squares[threadIdx.x / 32] = warp_squares;
+    consumers_sync();
+    double total = 0.0;
+    for (int w = 0; w < kConsumerWarps; ++w) total += squares[w];
+    scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(step.cols) + eps));
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxLoads; ++j) {
+    const int64_t i = threadIdx.x + j * kConsumerThreads;
+    if (i >= quads) continue;
+    float4 v = values[j];
+    if (step.norm) {
+      const float4 g = reinterpret_cast<const float4*>(step.norm)[i];
+      v = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z, v.w * scale * g.w);
+    }
+    reinterpret_cast<float4*>(x)[i] = v;
+  }
+  consumers_sync();
+}
+
+// The step's results from the block's row sums: stored, added to the residual stream, or silu(gate) * up.
+__device__ void write_outputs(const ChainStep& step, float* sums, int64_t block, int64_t blocks) {
+  int64_t offset = 0;
+  for (int m = 0; m < step.matrices; ++m) {
+    const Share share = share_of(step.rows[m], block, blocks);
+    for (int64_t r = threadIdx.x; r < share.rows(); r += kConsumerThreads) {
+      const float sum = sums[offset + r];
+      const int64_t row = share.first + r;
+      if (step.output == ChainOutput::Store) step.y[m][row] = sum;
+      if (step.output == ChainOutput::Accumulate) add_to(step.y[0] + row, sum);
+      if (step.output == ChainOutput::Swiglu && m == 1) {
+        const float gate = sums[r];
+        step.y[0][row] = gate / (1.0f + expf(-gate)) * sum;
+      }
+    }
+    offset += share.rows();
+  }
+  consumers_sync();
+  for (int64_t r = threadIdx.x; r < offset; r += kConsumerThreads) sums[r] = 0.0f;
+}
+
+template <TensorType T, int kPiece>
+__global__ void __launch_bounds__(kChainThreads, 1) product_chain_kernel(ProductChain chain, unsigned* arrivals) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared);
+  uint64_t* empty = full + kStages;
+  unsigned char* ring = shared + 128;
+  float* x = reinterpret_cast<float*>(ring + kStages * kStageBytes);
+  float* sums = x + chain.input_floats;
+  auto* squares = reinterpret_cast<double*>(sums + chain.sum_floats);
+  const int64_t block = blockIdx.x, blocks = gridDim.x;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], kConsumerWarps);
+    }
+    HOPPER_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  for (int64_t i = threadIdx.x; i < chain.sum_floats; i += kChainThreads) sums[i] = 0.0f;
+  __syncthreads();
+  start_successor();
+
+  if (warp == kConsumerWarps) {
+    // The producer: the weights do not depend on earlier kernels, so it starts at once.
+    if (lane != 0) return;
+    unsigned k = 0;
+    for (int s = 0; s < chain.steps; ++s) {
+      const ChainStep& step = chain.step[s];
+      for (int m = 0; m < step.matrices; ++m) {
+        const Share share = share_of(step.rows[m], block, blocks);
+        const auto* source = static_cast<const unsigned char*>(step.weights[m]) + share.first * step.cols * 2;
+        const int64_t bytes = share.rows() * step.cols * 2;
+        for (int64_t offset = 0; offset < bytes; offset += kStageBytes, ++k) {
+          const unsigned slot = k % kStages, round = k / kStages;
+          const auto n = static_cast<unsigned>(bytes - offset < kStageBytes ? bytes - offset : kStageBytes);
+          barrier_wait(&empty[slot], (round & 1) ^ 1);
+          barrier_expect_bytes(&full[slot], n);
+          bulk_copy(ring + slot * kStageBytes, source + offset, n, &full[slot]);
+        }
+      }
+    }
+    return;
+  }
+
+  wait_for_predecessor();
+  unsigned k = 0;
+  for (int s = 0; s < chain.steps; ++s) {
+    const ChainStep& step = chain.step[s];
+    load_input(step, chain.eps, x, squares);
+    const int64_t pieces_per_row = step.cols / kPiece;
+    int64_t offset = 0;
+    for (int m = 0; m < step.matrices; ++m) {
+      const Share share = share_of(step.rows[m], block, blocks);
+      const int64_t pieces = share.rows() * pieces_per_row;
+      constexpr int64_t kStagePieces = kStageBytes / (2 * kPiece);
+      for (int64_t first = 0; first < pieces; first += kStagePieces, ++k) {
+        const unsigned slot = k % kStages, round = k / kStages;
+        const int64_t in_stage = pieces - first < kStagePieces ? pieces - first : kStagePieces;
+        barrier_wait(&full[slot], round & 1);
+        const auto* stage = reinterpret_cast<const uint16_t*>(ring + slot * kStageBytes);
+        for (int64_t i = warp; i < in_stage; i += kConsumerWarps) {
+          const int64_t piece = first + i;
+          const float sum = piece_dot<T, kPiece>(stage + i * kPiece, x + piece % pieces_per_row * kPiece, lane);
+          if (lane == 0) atomicAdd(&sums[offset + piece / pieces_per_row], sum);
+        }
+        __syncwarp();
+        if (lane == 0) barrier_arrive(&empty[slot]);
+      }
+      offset += share.rows();
+    }
+    consumers_sync();
+    write_outputs(step, sums, block, blocks);
+    if (s + 1 < chain.steps) grid_barrier(arrivals, static_cast<unsigned>((s + 1) * blocks));
+  }
+  // Every block has passed the last barrier once it counts itself out; the last to do so zeroes the count for the
+  // next launch.
+  if (threadIdx.x == 0) {
+    const auto total = static_cast<unsigned>(chain.steps * blocks);
+    if (fetch_add_acq_rel(arrivals, 1) == total - 1) atomicExch(arrivals, 0u);
+  }
+}
+
+// The launch's thread blocks, shared memory and kernel, or blocks == 0 where the device or the chain does not suit.
+struct ChainLaunch {
+  int blocks = 0;
+  size_t shared_bytes = 0;
+  void (*kernel)(ProductChain, unsigned*) = nullptr;
+};
+
+ChainLaunch plan_launch(ProductChain& chain) {
+  struct Device {
+    int major = 0;
+    int multiprocessors = 0;
+    int shared_optin = 0;
+  };
+  static const Device device = [] {
+    Device d;
+    cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, 0);
+    cudaDeviceGetAttribute(&d.multiprocessors, cudaDevAttrMultiProcessorCount, 0);
+    cudaDeviceGetAttribute(&d.shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+    return d;
+  }();
+  if (device.major < 9 || chain.steps < 1 || chain.steps > kMaxChainSteps) return {};
+  if (chain.type != TensorType::F16 && chain.type != TensorType::BF16) return {};
+  bool wide = true;
+  chain.input_floats = 0;
+  chain.sum_floats = 0;
+  for (int s = 0; s < chain.steps; ++s) {
+    const ChainStep& step = chain.step[s];
+    if (step.cols % kNarrowPiece != 0 || step.cols > kMaxChainInput || step.matrices < 1 || step.matrices > 3) return {};
+    if (step.output == ChainOutput::Swiglu && (step.matrices != 2 || step.rows[0] != step.rows[1])) return {};
+    wide = wide && step.cols % kWidePiece == 0;
+    chain.input_floats = std::max(chain.input_floats, step.cols);
+    int64_t sums = 0;
+    for (int m = 0; m < step.matrices; ++m) sums += (step.rows[m] + device.multiprocessors - 1) / device.multiprocessors;
+    chain.sum_floats = std::max(chain.sum_floats, sums);
+  }
+  // The doubles of the norm's sum after the row sums: keep them 8-byte aligned.
+  chain.sum_floats += chain.sum_floats % 2;
+  const size_t shared_bytes = 128 + kStages * kStageBytes + sizeof(float) * (chain.input_floats + chain.sum_floats) +
+                              sizeof(double) * kConsumerWarps;
+  if (shared_bytes > static_cast<size_t>(device.shared_optin)) return {};
+  ChainLaunch launch{device.multiprocessors, shared_bytes, nullptr};
+  const auto pick = [&]<TensorType T>() {
+    launch.kernel = wide ? product_chain_kernel<T, kWidePiece> : product_chain_kernel<T, kNarrowPiece>;
+  };
+  if (chain.type == TensorType::F16)
+    pick.template operator()<TensorType::F16>();
+  else
+    pick.template operator()<TensorType::BF16>();
+  check(cudaFuncSetAttribute(launch.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(launch.shared_bytes)),
+        "product_chain: asking for shared memory");
+  return launch;
+}
+
+}  // namespace
+#endif
+
+bool product_chain_runs(ProductChain chain) {
+#if defined(ROCMFORGE_GPU_HIP)
+  (void)chain;
+  return false;
+#else
+  return plan_launch(chain).blocks > 0;
+#endif
+}
+
+void product_chain(ProductChain chain, unsigned* arrivals, gpuStream_t stream) {
+#if defined(ROCMFORGE_GPU_HIP)
+  (void)chain;
+  (void)arrivals;
+  (void)stream;
+  fail_with("product_chain: the HIP build has no product chains");
+#else
+  const ChainLaunch launch = plan_launch(chain);
+  if (launch.blocks == 0) fail_with("product_chain: the chain does not suit this device");
+  launch_overlapped("product_chain", launch.kernel, dim3(static_cast<unsigned>(launch.blocks)), dim3(kChainThreads),
+                    launch.shared_bytes, stream, chain, arrivals);
+#endif
+}
+
+}  // namespace rf::gpu
