@@ -44,13 +44,7 @@ __global__ void grid_sync_kernel(float* values) {
 __global__ void counter_kernel(float* values, unsigned* arrivals, unsigned base) {
   for (int step = 0; step < kSteps; ++step) {
     one_step(values, step);
-    if (threadIdx.x == 0) {
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
-      const unsigned target = base + (step + 1) * gridDim.x;
-      unsigned seen = 0;
-      do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
-      while (seen < target);
-    }
+    if (threadIdx.x == 0) arrive_and_wait(arrivals, base + (step + 1) * gridDim.x);
     __syncthreads();
   }
 }

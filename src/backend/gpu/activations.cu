@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const float* gate, con
   float value = 0.0f;
   if (i < n) {
     const float g = gate[i];
-    value = g / (1.0f + expf(-g)) * up[i];
+    value = silu_times(g, up[i]);
     out.f32[i] = value;
   }
   quantize_element<kBlocks>(value, i, active, out.q, out.scales, out.f16, scratch);

@@ -65,6 +65,23 @@ __device__ __forceinline__ unsigned fetch_add_acq_rel(unsigned* counter, unsigne
 #endif
 }
 
+// Arrival at a grid-wide barrier of a persistent launch, by one thread of each thread block: adds 1 to `arrivals`
+// (release), then waits (acquire) until the count reaches `target`, every block's arrival at this barrier. The count
+// only grows within a launch, so barrier k of a launch of b blocks waits for (k + 1) * b.
+__device__ __forceinline__ void arrive_and_wait(unsigned* arrivals, unsigned target) {
+#if defined(ROCMFORGE_GPU_HIP)
+  __hip_atomic_fetch_add(arrivals, 1u, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+  while (__hip_atomic_load(arrivals, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT) < target) {
+  }
+#else
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
+  unsigned seen = 0;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
+  } while (seen < target);
+#endif
+}
+
 // *p += value, where no other thread of the launch touches *p: on CUDA as a reduction in L2 (`red.global.add.f32`:
 // the one rounding to nearest that a load, an add and a store make, subnormals flushed to zero), which the thread
 // does not wait for, so that a product that accumulates into the residual stream ends without a round trip to L2 for
@@ -161,6 +178,14 @@ __device__ __forceinline__ int dot4_u8_i8(int a, int b, int c) {
 __device__ __forceinline__ float half_to_float(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
 __device__ __forceinline__ uint16_t float_to_half(float value) { return __half_as_ushort(__float2half(value)); }
 __device__ __forceinline__ float bf16_to_float(uint16_t bits) { return __uint_as_float(static_cast<uint32_t>(bits) << 16); }
+
+// RMSNorm's scale of a row of `cols` values whose squares sum to `squares`: 1 / sqrt(mean + eps).
+__device__ __forceinline__ float rms_scale(double squares, int64_t cols, float eps) {
+  return 1.0f / sqrtf(static_cast<float>(squares / static_cast<double>(cols)) + eps);
+}
+
+// SwiGLU's product: silu(gate) * up.
+__device__ __forceinline__ float silu_times(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
 
 // A 16-byte load (one instruction) from a 16-byte aligned address.
 __device__ __forceinline__ int4 load_16(const void* p) { return *static_cast<const int4*>(p); }

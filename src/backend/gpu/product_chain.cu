@@ -103,13 +103,7 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;
 // Every block's consumers meet here; `arrivals` counts them over the whole launch.
 __device__ __forceinline__ void grid_barrier(unsigned* arrivals, unsigned target) {
   consumers_sync();
-  if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
-    unsigned seen = 0;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
-    } while (seen < target);
-  }
+  if (threadIdx.x == 0) arrive_and_wait(arrivals, target);
   consumers_sync();
 }
 
@@ -137,8 +131,8 @@ __device__ __forceinline__ float piece_dot(const uint16_t* weights, const float*
   return team_sum(sum);
 }
 
-// Copies the step's input row into `x`, RMS-normalized with step.norm where it has one (the sum of squares in
-// double, as rmsnorm() does). Every thread's loads are issued before any is used: the step waits one round trip.
+// Copies the step's input row into `x`, RMS-normalized with step.norm where it has one (the warps' sums of squares
+// added in double, and the scale, as rmsnorm() has them). Every thread's loads are issued before any is used: the step waits one round trip.
 __device__ void load_input(const ChainStep& step, float eps, float* x, double* squares) {
   constexpr int kMaxLoads = kMaxChainInput / 4 / kConsumerThreads;
   const int64_t quads = step.cols / 4;
@@ -161,7 +155,7 @@ __device__ void load_input(const ChainStep& step, float eps, float* x, double* s
     consumers_sync();
     double total = 0.0;
     for (int w = 0; w < kConsumerWarps; ++w) total += squares[w];
-    scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(step.cols) + eps));
+    scale = rms_scale(total, step.cols, eps);
   }
 #pragma unroll
   for (int j = 0; j < kMaxLoads; ++j) {
@@ -188,8 +182,7 @@ __device__ void write_outputs(const ChainStep& step, float* sums, int64_t block,
       if (step.output == ChainOutput::Store) step.y[m][row] = sum;
       if (step.output == ChainOutput::Accumulate) add_to(step.y[0] + row, sum);
       if (step.output == ChainOutput::Swiglu && m == 1) {
-        const float gate = sums[r];
-        step.y[0][row] = gate / (1.0f + expf(-gate)) * sum;
+        step.y[0][row] = silu_times(sums[r], sum);
       }
     }
     offset += share.rows();
@@ -320,17 +313,22 @@ ChainLaunch plan_launch(ProductChain& chain) {
   const size_t shared_bytes = 128 + kStages * kStageBytes + sizeof(float) * (chain.input_floats + chain.sum_floats) +
                               sizeof(double) * kConsumerWarps;
   if (shared_bytes > static_cast<size_t>(device.shared_optin)) return {};
-  ChainLaunch launch{device.multiprocessors, shared_bytes, nullptr};
-  const auto pick = [&]<TensorType T>() {
-    launch.kernel = wide ? product_chain_kernel<T, kWidePiece> : product_chain_kernel<T, kNarrowPiece>;
+  // Each kernel may take all the shared memory a block can have, asked for once rather than at every launch.
+  const auto kernel_for = [&]<TensorType T, int kPiece>() {
+    static const auto kernel = [&] {
+      check(cudaFuncSetAttribute(product_chain_kernel<T, kPiece>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 device.shared_optin),
+            "product_chain: asking for shared memory");
+      return product_chain_kernel<T, kPiece>;
+    }();
+    return kernel;
   };
-  if (chain.type == TensorType::F16)
-    pick.template operator()<TensorType::F16>();
-  else
-    pick.template operator()<TensorType::BF16>();
-  check(cudaFuncSetAttribute(launch.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(launch.shared_bytes)),
-        "product_chain: asking for shared memory");
+  const auto of_type = [&]<TensorType T>() {
+    return wide ? kernel_for.template operator()<T, kWidePiece>() : kernel_for.template operator()<T, kNarrowPiece>();
+  };
+  ChainLaunch launch{device.multiprocessors, shared_bytes, nullptr};
+  launch.kernel = chain.type == TensorType::F16 ? of_type.template operator()<TensorType::F16>()
+                                                : of_type.template operator()<TensorType::BF16>();
   return launch;
 }
 

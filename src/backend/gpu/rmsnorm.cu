@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kQuantizeThreads) rmsnorm_kernel(const float* 
                                                              make_float2(fmaxf(a.extremes.x, b.extremes.x),
                                                                          fmaxf(a.extremes.y, b.extremes.y))};
                                          });
-  const float scale = 1.0f / sqrtf(static_cast<float>(totals.squares / static_cast<double>(cols)) + eps);
+  const float scale = rms_scale(totals.squares, cols, eps);
   const float value = i < cols ? own * scale * w : 0.0f;
   if (i < cols) out.f32[first + i] = value;
   if constexpr (kBlocks == ActivationBlocks::Q8_K) {

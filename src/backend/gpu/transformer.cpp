@@ -108,7 +108,7 @@ std::optional<ProductChain> chain_after_attention(const model::ExecutionPlan& pl
   ProductChain chain;
   chain.type = layer.attn_output.type();
   chain.eps = c.rms_eps;
-  std::vector<const model::LazyTensor*> matrices;
+  bool one_type = true;
   const auto add = [&](const float* input, const model::LazyTensor* norm, ChainOutput output,
                        std::initializer_list<std::pair<const model::LazyTensor*, float*>> targets) {
     ChainStep& step = chain.step[chain.steps++];
@@ -120,7 +120,7 @@ std::optional<ProductChain> chain_after_attention(const model::ExecutionPlan& pl
       step.weights[step.matrices] = rows_of(*weight);
       step.rows[step.matrices] = weight->rows();
       step.y[step.matrices++] = y;
-      matrices.push_back(weight);
+      one_type = one_type && weight->type() == chain.type;
     }
   };
   add(out.attention, nullptr, ChainOutput::Accumulate, {{&layer.attn_output, out.residual}});
@@ -134,8 +134,7 @@ std::optional<ProductChain> chain_after_attention(const model::ExecutionPlan& pl
   } else if (out.logits && plan.output().type() == chain.type) {
     add(out.residual, &plan.output_norm(), ChainOutput::Store, {{&plan.output(), out.logits}});
   }
-  for (const model::LazyTensor* matrix : matrices)
-    if (matrix->type() != chain.type) return std::nullopt;
+  if (!one_type) return std::nullopt;
   return chain;
 }
 
