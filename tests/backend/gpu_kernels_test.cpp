@@ -320,6 +320,117 @@ TEST_F(GpuKernels, SwigluMatchesCpu) {
   for (size_t i = 0; i < gate.size(); ++i) ASSERT_NEAR(got[i], gate[i], 1e-5f * std::fabs(gate[i]) + 1e-6f) << i;
 }
 
+// A matrix of 16-bit floats for a product chain, random, and its device copy.
+struct ChainMatrix {
+  int64_t rows;
+  int64_t cols;
+  std::vector<float> values;  // as stored
+  DeviceBuffer device;
+};
+
+ChainMatrix chain_matrix(TensorType type, int64_t rows, int64_t cols, uint32_t seed) {
+  const std::vector<float> source =
+      test::random_normal(static_cast<size_t>(rows * cols), seed, 1.0f / std::sqrt(static_cast<float>(cols)));
+  std::vector<uint16_t> bits(source.size());
+  ChainMatrix m{rows, cols, std::vector<float>(source.size()), {}};
+  for (size_t i = 0; i < source.size(); ++i) {
+    bits[i] = type == TensorType::F16 ? fp32_to_fp16(source[i]) : fp32_to_bf16(source[i]);
+    m.values[i] = type == TensorType::F16 ? fp16_to_fp32(bits[i]) : bf16_to_fp32(bits[i]);
+  }
+  m.device = to_device(bits);
+  return m;
+}
+
+std::vector<double> times(const ChainMatrix& m, const std::vector<double>& x) {
+  std::vector<double> y(static_cast<size_t>(m.rows), 0.0);
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t c = 0; c < m.cols; ++c) y[r] += m.values[r * m.cols + c] * x[c];
+  return y;
+}
+
+std::vector<double> rms_normalized(const std::vector<double>& x, const std::vector<float>& weight, float eps) {
+  double squares = 0.0;
+  for (const double v : x) squares += v * v;
+  const double scale = 1.0 / std::sqrt(squares / static_cast<double>(x.size()) + eps);
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * scale * weight[i];
+  return y;
+}
+
+// One decode step's products after the attention as product_chain runs them, against the same steps in double:
+// the output projection added to the residual stream, the normalized stream through gate and up into SwiGLU, down
+// added to the stream, and q, k and v of the normalized stream. `width` is the stream's, `attention` the attention
+// output's, `hidden` the feed-forward block's.
+void check_product_chain(TensorType type, int64_t width, int64_t attention, int64_t hidden, gpuStream_t stream) {
+  const float eps = 1e-5f;
+  const ChainMatrix o = chain_matrix(type, width, attention, 11);
+  const ChainMatrix gate = chain_matrix(type, hidden, width, 12);
+  const ChainMatrix up = chain_matrix(type, hidden, width, 13);
+  const ChainMatrix down = chain_matrix(type, width, hidden, 14);
+  const ChainMatrix q = chain_matrix(type, width, width, 15);
+  const ChainMatrix k = chain_matrix(type, width / 4, width, 16);
+  const ChainMatrix v = chain_matrix(type, width / 4, width, 17);
+  const std::vector<float> stream_in = test::random_normal(static_cast<size_t>(width), 18);
+  const std::vector<float> attention_out = test::random_normal(static_cast<size_t>(attention), 19);
+  const std::vector<float> ffn_norm = test::random_normal(static_cast<size_t>(width), 20);
+  const std::vector<float> attn_norm = test::random_normal(static_cast<size_t>(width), 21);
+
+  const DeviceBuffer a_device = to_device(attention_out);
+  const DeviceBuffer x_device = to_device(stream_in);
+  const DeviceBuffer ffn_norm_device = to_device(ffn_norm);
+  const DeviceBuffer attn_norm_device = to_device(attn_norm);
+  DeviceBuffer hidden_device(static_cast<size_t>(hidden) * sizeof(float), "hidden");
+  DeviceBuffer q_device(static_cast<size_t>(q.rows) * sizeof(float), "q");
+  DeviceBuffer k_device(static_cast<size_t>(k.rows) * sizeof(float), "k");
+  DeviceBuffer v_device(static_cast<size_t>(v.rows) * sizeof(float), "v");
+  DeviceBuffer arrivals(sizeof(unsigned), "arrivals");
+  check(gpuMemsetAsync(arrivals.data(), 0, sizeof(unsigned), stream), "test clear");
+
+  ProductChain chain;
+  chain.type = type;
+  chain.eps = eps;
+  chain.steps = 4;
+  chain.step[0] = {a_device.as<float>(), nullptr, attention, ChainOutput::Accumulate, 1, {o.device.data()},
+                   {width}, {x_device.as<float>()}};
+  chain.step[1] = {x_device.as<float>(), ffn_norm_device.as<float>(), width, ChainOutput::Swiglu, 2,
+                   {gate.device.data(), up.device.data()}, {hidden, hidden}, {hidden_device.as<float>(), nullptr}};
+  chain.step[2] = {hidden_device.as<float>(), nullptr, hidden, ChainOutput::Accumulate, 1, {down.device.data()},
+                   {width}, {x_device.as<float>()}};
+  chain.step[3] = {x_device.as<float>(), attn_norm_device.as<float>(), width, ChainOutput::Store, 3,
+                   {q.device.data(), k.device.data(), v.device.data()}, {q.rows, k.rows, v.rows},
+                   {q_device.as<float>(), k_device.as<float>(), v_device.as<float>()}};
+  if (!product_chain_runs(chain)) GTEST_SKIP() << "this device runs no product chains";
+  product_chain(chain, arrivals.as<unsigned>(), stream);
+  check(gpuStreamSynchronize(stream), "test chain");
+
+  std::vector<double> x(stream_in.begin(), stream_in.end());
+  const std::vector<double> projected = times(o, std::vector<double>(attention_out.begin(), attention_out.end()));
+  for (int64_t i = 0; i < width; ++i) x[i] += projected[i];
+  const std::vector<double> normalized = rms_normalized(x, ffn_norm, eps);
+  const std::vector<double> g = times(gate, normalized), u = times(up, normalized);
+  std::vector<double> swiglu_out(static_cast<size_t>(hidden));
+  for (int64_t i = 0; i < hidden; ++i) swiglu_out[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+  const std::vector<double> down_out = times(down, swiglu_out);
+  for (int64_t i = 0; i < width; ++i) x[i] += down_out[i];
+  const std::vector<double> attn_in = rms_normalized(x, attn_norm, eps);
+
+  const auto expect_close = [](const DeviceBuffer& got, const std::vector<double>& expected, const char* what) {
+    EXPECT_LT(relative_error(to_host<float>(got, expected.size()), expected), 1e-5) << what;
+  };
+  expect_close(hidden_device, swiglu_out, "silu(gate) * up");
+  expect_close(x_device, x, "residual stream");
+  expect_close(q_device, times(q, attn_in), "q");
+  expect_close(k_device, times(k, attn_in), "k");
+  expect_close(v_device, times(v, attn_in), "v");
+}
+
+// The two shapes take every number of rows that a stage holds (16 rows of 1024 values, 8 of 2048, 4 of 3072 or
+// 4096, 2 of 8192, 1 of 9216).
+TEST_F(GpuKernels, ProductChainMatchesCpu) {
+  check_product_chain(TensorType::F16, 1024, 8192, 9216, stream());
+  check_product_chain(TensorType::BF16, 4096, 2048, 3072, stream());
+}
+
 // The 8-bit forms are the CPU backend's, level for level: Q8_0 for a 32-element weight type, Q8_K for a
 // K-quant. Values span several magnitudes so that every block has its own scale.
 TEST_F(GpuKernels, QuantizedActivationsMatchCpu) {

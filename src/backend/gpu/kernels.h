@@ -181,19 +181,20 @@ struct ChainStep {
   float* y[3] = {};
 };
 constexpr int kMaxChainSteps = 4;
-// Values of a step's input row, which every thread block keeps in shared memory.
+// Values of a step's input row, which the consumer threads of a block keep in registers, and what widths divide by.
 constexpr int64_t kMaxChainInput = 16384;
+constexpr int64_t kChainWidthMultiple = 256;
 struct ProductChain {
   TensorType type = TensorType::F16;
   float eps = 0.0f;
   int steps = 0;
   ChainStep step[kMaxChainSteps];
-  // Set by the launch: the shared-memory floats of the input row and of a thread block's row sums.
-  int64_t input_floats = 0;
+  // Set by the launch: the shared-memory floats of a thread block's row sums.
   int64_t sum_floats = 0;
 };
 // Whether product_chain runs `chain` here: a CUDA build on a Hopper or newer device, 16-bit float weights, widths
-// that are multiples of 256 values and at most kMaxChainInput, and shared memory enough for a block's rows.
+// that are multiples of kChainWidthMultiple values and at most kMaxChainInput, and shared memory enough for a block's
+// rows.
 bool product_chain_runs(ProductChain chain);
 // `arrivals`: one zeroed counter, which the launch leaves zeroed.
 void product_chain(ProductChain chain, unsigned* arrivals, gpuStream_t stream);

@@ -9,18 +9,22 @@
 // How: one thread block per multiprocessor, all resident at once. In each block a producer warp copies the block's
 // share of every matrix of the chain, one after another, into a ring of shared-memory stages with bulk copies (the
 // Hopper copy engine, cp.async.bulk), without ever waiting for activations: only for a free stage. Sixteen consumer
-// warps take each stage as it lands, dot it with the step's input row, which every block keeps in shared memory,
-// and hand the stage back. Between two steps the consumers of all blocks meet at a grid-wide barrier; meanwhile the
-// producer goes on filling the ring with the next step's rows, so the memory system stays busy through the barrier
-// and through the small steps around it (the norm that every block applies to its own copy of the input, the SwiGLU,
-// the attention kernel that runs between two launches: the next launch starts beside it and its producers stream
-// while its consumers wait for the attention's output).
+// warps take each stage as it lands, dot it with the step's input row, which the block keeps in its consumers'
+// registers, and hand the stage back. Between two steps the consumers of all blocks meet at a grid-wide barrier;
+// meanwhile the producer goes on filling the ring with the next step's rows, so the memory system stays busy through
+// the barrier and through the small steps around it (the norm that every block applies to its own copy of the input,
+// the SwiGLU, the attention kernel that runs between two launches: the next launch starts beside it and its
+// producers stream while its consumers wait for the attention's output).
 //
 // A block's share of a matrix is a contiguous run of rows (its rows of gate and up are the same rows, so that the
-// block applies the SwiGLU to its own sums). A warp's task is a piece of kPiece consecutive values of a row; lane l
-// takes four consecutive values at 4l, 128 + 4l, ..., so that a warp's reads of the weights and of the f32 input are
-// both consecutive in shared memory (no bank conflicts). The block adds the pieces' sums per row in shared memory and
-// writes each row once at the end of the step.
+// block applies the SwiGLU to its own sums), and a stage holds whole rows of it. Consumer thread t takes the four
+// consecutive values at 4t, 4t + 2048, ... of every row, so a warp's reads of a row are consecutive in shared memory
+// (no bank conflicts) and the thread keeps the input values it meets in registers for the whole step: shared memory
+// carries the weights only. (Warps that took pieces of rows and read the f32 input from shared memory for each one
+// consumed a stage in about 1 µs, as slowly as device memory delivers it, so a consumer that waited never caught up:
+// llama3-8b F16 238.2-238.8 -> 240.9-241.6 tokens/s on an H200, PERFORMANCE.md, twenty-sixth round.) Each warp
+// sums its rows over its lanes, the rows spread over the lanes (spread_sum); the block adds the warps' sums per row
+// in shared memory and writes each row once at the end of the step.
 //
 // Bytes per token: every weight byte once, from device memory into shared memory; each step's input row once per
 // block from L2.
@@ -39,22 +43,34 @@ constexpr int kConsumerWarps = 16;
 constexpr int kChainThreads = (kConsumerWarps + 1) * 32;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 // Five stages of 32 KiB: 160 KiB a block in flight, about 5 µs of a multiprocessor's share of an H200's bandwidth
-// (four stages: llama3-8b F16 234.7-234.9 against 235.9-236.1 tokens/s). In a probe, stages of 16 KiB (half a
-// stage's pieces per warp) or 40 KiB (more than one) kept the consumers from keeping up.
+// (four stages: llama3-8b F16 234.7-234.9 against 235.9-236.1 tokens/s; six, 240.8-240.9 against 241.1-241.6).
 constexpr int kStages = 5;
 constexpr int kStageBytes = 32 * 1024;
-// Pieces are 1024 values where every width allows, else 256.
-constexpr int64_t kWidePiece = 1024;
-constexpr int64_t kNarrowPiece = 256;
+// Each consumer thread takes four consecutive values of a row in every sweep of kSweep values: its columns are the
+// same in every row of a step, so it keeps its input values in registers.
+constexpr int64_t kSweep = 4 * kConsumerThreads;
+constexpr int kMaxSweeps = static_cast<int>(kMaxChainInput / kSweep);
+// A stage holds whole rows of one matrix: the largest power of two of them that fits, up to kMaxStageRows.
+constexpr int kMaxStageRows = 16;
+__device__ inline int stage_rows(int64_t cols) {
+  int rows = 1;
+  while (rows < kMaxStageRows && 2 * rows * cols * 2 <= kStageBytes) rows *= 2;
+  return rows;
+}
 
 // A block's rows of a matrix of `rows` rows: [first, end).
 struct Share {
   int64_t first;
   int64_t end;
-  __host__ __device__ int64_t rows() const { return end - first; }
+  __device__ int64_t rows() const { return end - first; }
 };
-__host__ __device__ inline Share share_of(int64_t rows, int64_t block, int64_t blocks) {
+__device__ inline Share share_of(int64_t rows, int64_t block, int64_t blocks) {
   return {rows * block / blocks, rows * (block + 1) / blocks};
+}
+
+// Rows of the stage that starts at row `first` of a share, in stages of `rows` rows.
+__device__ inline int stage_rows_at(const Share& share, int64_t first, int rows) {
+  return static_cast<int>(share.rows() - first < rows ? share.rows() - first : rows);
 }
 
 // Hopper's instructions; a trap in code compiled for older devices.
@@ -114,61 +130,82 @@ __device__ __forceinline__ float2 widen_pair(uint32_t bits) {
   return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
 }
 
-// The dot product of a piece of kPiece weights (shared memory) with the input values it meets (shared memory),
-// summed over the warp.
-template <TensorType T, int kPiece>
-__device__ __forceinline__ float piece_dot(const uint16_t* weights, const float* input, int lane) {
-  float sum = 0.0f;
+// Sums v[r] over the warp for each of its N rows (a power of two up to 32) with fewer shuffles than N sums: at each
+// of the first log2(N) rounds a lane keeps half of its rows and sends the other half to its partner. Returns the sum
+// of the lane's row (set in `row`); lanes whose lowest 5 - log2(N) bits are zero hold each row once.
+template <int N, int kStride = 16>
+__device__ __forceinline__ float spread_sum(float* v, int lane, int& row) {
+  if constexpr (N == 1) {
+    float sum = v[0];
 #pragma unroll
-  for (int j = 0; j < kPiece / 128; ++j) {
-    const int c = j * 128 + lane * 4;
-    const uint2 w = *reinterpret_cast<const uint2*>(weights + c);
-    const float4 a = *reinterpret_cast<const float4*>(input + c);
-    const float2 w0 = widen_pair<T>(w.x);
-    const float2 w1 = widen_pair<T>(w.y);
-    sum += w0.x * a.x + w0.y * a.y + w1.x * a.z + w1.y * a.w;
+    for (int stride = kStride; stride >= 1; stride /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, stride);
+    return sum;
+  } else {
+    constexpr int kHalf = N / 2;
+    const bool upper = (lane & kStride) != 0;
+#pragma unroll
+    for (int i = 0; i < kHalf; ++i) {
+      const float send = upper ? v[i] : v[i + kHalf];
+      const float keep = upper ? v[i + kHalf] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kStride);
+    }
+    if (upper) row += kHalf;
+    return spread_sum<kHalf, kStride / 2>(v, lane, row);
   }
-  return team_sum(sum);
 }
 
-// Copies the step's input row into `x`, RMS-normalized with step.norm where it has one (the warps' sums of squares
-// added in double, and the scale, as rmsnorm() has them). Every thread's loads are issued before any is used: the step waits one round trip.
-__device__ void load_input(const ChainStep& step, float eps, float* x, double* squares) {
-  constexpr int kMaxLoads = kMaxChainInput / 4 / kConsumerThreads;
+// Copies the step's input row into the consumer thread's registers: quads t, t + kConsumerThreads, ... (the columns
+// it meets in every row), RMS-normalized with step.norm where it has one (the warps' sums of squares added in
+// double, and the scale, as rmsnorm() has them). Every thread's loads are issued before any is used: the step waits
+// one round trip.
+__device__ void load_input(const ChainStep& step, float eps, float4 (&x)[kMaxSweeps], double* squares) {
   const int64_t quads = step.cols / 4;
-  float4 values[kMaxLoads];
 #pragma unroll
-  for (int j = 0; j < kMaxLoads; ++j) {
+  for (int j = 0; j < kMaxSweeps; ++j) {
     const int64_t i = threadIdx.x + j * kConsumerThreads;
-    if (i < quads) values[j] = __ldcg(reinterpret_cast<const float4*>(step.input) + i);
+    x[j] = i < quads ? __ldcg(reinterpret_cast<const float4*>(step.input) + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  float scale = 1.0f;
-  if (step.norm) {
-    float sum = 0.0f;
+  if (!step.norm) return;
+  float sum = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kMaxLoads; ++j)
-      if (threadIdx.x + j * kConsumerThreads < quads)
-        sum += values[j].x * values[j].x + values[j].y * values[j].y + values[j].z * values[j].z +
-               values[j].w * values[j].w;
-    const float warp_squares = team_sum(sum);
-    if (threadIdx.x % 32 == 0) squares[threadIdx.x / 32] = warp_squares;
-    consumers_sync();
-    double total = 0.0;
-    for (int w = 0; w < kConsumerWarps; ++w) total += squares[w];
-    scale = rms_scale(total, step.cols, eps);
-  }
+  for (int j = 0; j < kMaxSweeps; ++j) sum += x[j].x * x[j].x + x[j].y * x[j].y + x[j].z * x[j].z + x[j].w * x[j].w;
+  const float warp_squares = team_sum(sum);
+  if (threadIdx.x % 32 == 0) squares[threadIdx.x / 32] = warp_squares;
+  consumers_sync();
+  double total = 0.0;
+  for (int w = 0; w < kConsumerWarps; ++w) total += squares[w];
+  const float scale = rms_scale(total, step.cols, eps);
 #pragma unroll
-  for (int j = 0; j < kMaxLoads; ++j) {
+  for (int j = 0; j < kMaxSweeps; ++j) {
     const int64_t i = threadIdx.x + j * kConsumerThreads;
     if (i >= quads) continue;
-    float4 v = values[j];
-    if (step.norm) {
-      const float4 g = reinterpret_cast<const float4*>(step.norm)[i];
-      v = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z, v.w * scale * g.w);
-    }
-    reinterpret_cast<float4*>(x)[i] = v;
+    const float4 g = reinterpret_cast<const float4*>(step.norm)[i];
+    x[j] = make_float4(x[j].x * scale * g.x, x[j].y * scale * g.y, x[j].z * scale * g.z, x[j].w * scale * g.w);
   }
-  consumers_sync();
+}
+
+// One stage of `rows` rows (at most R) of `cols` values: every consumer thread dots its columns of each row with its
+// input values, and the block's row sums gain the warp's sums.
+template <TensorType T, int R>
+__device__ __forceinline__ void consume_stage(const unsigned char* stage, int64_t cols, int rows,
+                                              const float4 (&x)[kMaxSweeps], float* sums, int lane) {
+  float acc[R] = {};
+#pragma unroll
+  for (int j = 0; j < kMaxSweeps; ++j) {
+    const int64_t c = threadIdx.x * 4 + j * kSweep;
+    if (c >= cols) break;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r >= rows) break;
+      const uint2 w = *reinterpret_cast<const uint2*>(stage + (r * cols + c) * 2);
+      const float2 w0 = widen_pair<T>(w.x);
+      const float2 w1 = widen_pair<T>(w.y);
+      acc[r] += w0.x * x[j].x + w0.y * x[j].y + w1.x * x[j].z + w1.y * x[j].w;
+    }
+  }
+  int row = 0;
+  const float sum = spread_sum<R>(acc, lane, row);
+  if ((lane & (32 / R - 1)) == 0 && row < rows) atomicAdd(&sums[row], sum);
 }
 
 // The step's results from the block's row sums: stored, added to the residual stream, or silu(gate) * up.
@@ -191,14 +228,32 @@ __device__ void write_outputs(const ChainStep& step, float* sums, int64_t block,
   for (int64_t r = threadIdx.x; r < offset; r += kConsumerThreads) sums[r] = 0.0f;
 }
 
-template <TensorType T, int kPiece>
+// The consumers' part of a step whose stages hold up to R rows: the block's rows of each matrix, stage after stage.
+template <TensorType T, int R>
+__device__ void consume_step(const ChainStep& step, const float4 (&x)[kMaxSweeps], const unsigned char* ring,
+                             uint64_t* full, uint64_t* empty, float* sums, unsigned& k, int64_t block, int64_t blocks) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int m = 0; m < step.matrices; ++m) {
+    const Share share = share_of(step.rows[m], block, blocks);
+    for (int64_t first = 0; first < share.rows(); first += R, ++k) {
+      const unsigned slot = k % kStages, round = k / kStages;
+      const int rows = stage_rows_at(share, first, R);
+      barrier_wait(&full[slot], round & 1);
+      consume_stage<T, R>(ring + slot * kStageBytes, step.cols, rows, x, sums + first, lane);
+      __syncwarp();
+      if (lane == 0) barrier_arrive(&empty[slot]);
+    }
+    sums += share.rows();
+  }
+}
+
+template <TensorType T>
 __global__ void __launch_bounds__(kChainThreads, 1) product_chain_kernel(ProductChain chain, unsigned* arrivals) {
   extern __shared__ __align__(128) unsigned char shared[];
   uint64_t* full = reinterpret_cast<uint64_t*>(shared);
   uint64_t* empty = full + kStages;
   unsigned char* ring = shared + 128;
-  float* x = reinterpret_cast<float*>(ring + kStages * kStageBytes);
-  float* sums = x + chain.input_floats;
+  auto* sums = reinterpret_cast<float*>(ring + kStages * kStageBytes);
   auto* squares = reinterpret_cast<double*>(sums + chain.sum_floats);
   const int64_t block = blockIdx.x, blocks = gridDim.x;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -219,16 +274,17 @@ __global__ void __launch_bounds__(kChainThreads, 1) product_chain_kernel(Product
     unsigned k = 0;
     for (int s = 0; s < chain.steps; ++s) {
       const ChainStep& step = chain.step[s];
+      const int64_t row_bytes = step.cols * 2;
+      const int rows = stage_rows(step.cols);
       for (int m = 0; m < step.matrices; ++m) {
         const Share share = share_of(step.rows[m], block, blocks);
-        const auto* source = static_cast<const unsigned char*>(step.weights[m]) + share.first * step.cols * 2;
-        const int64_t bytes = share.rows() * step.cols * 2;
-        for (int64_t offset = 0; offset < bytes; offset += kStageBytes, ++k) {
+        const auto* source = static_cast<const unsigned char*>(step.weights[m]) + share.first * row_bytes;
+        for (int64_t first = 0; first < share.rows(); first += rows, ++k) {
           const unsigned slot = k % kStages, round = k / kStages;
-          const auto n = static_cast<unsigned>(bytes - offset < kStageBytes ? bytes - offset : kStageBytes);
+          const auto bytes = static_cast<unsigned>(stage_rows_at(share, first, rows) * row_bytes);
           barrier_wait(&empty[slot], (round & 1) ^ 1);
-          barrier_expect_bytes(&full[slot], n);
-          bulk_copy(ring + slot * kStageBytes, source + offset, n, &full[slot]);
+          barrier_expect_bytes(&full[slot], bytes);
+          bulk_copy(ring + slot * kStageBytes, source + first * row_bytes, bytes, &full[slot]);
         }
       }
     }
@@ -239,27 +295,14 @@ __global__ void __launch_bounds__(kChainThreads, 1) product_chain_kernel(Product
   unsigned k = 0;
   for (int s = 0; s < chain.steps; ++s) {
     const ChainStep& step = chain.step[s];
+    float4 x[kMaxSweeps];
     load_input(step, chain.eps, x, squares);
-    const int64_t pieces_per_row = step.cols / kPiece;
-    int64_t offset = 0;
-    for (int m = 0; m < step.matrices; ++m) {
-      const Share share = share_of(step.rows[m], block, blocks);
-      const int64_t pieces = share.rows() * pieces_per_row;
-      constexpr int64_t kStagePieces = kStageBytes / (2 * kPiece);
-      for (int64_t first = 0; first < pieces; first += kStagePieces, ++k) {
-        const unsigned slot = k % kStages, round = k / kStages;
-        const int64_t in_stage = pieces - first < kStagePieces ? pieces - first : kStagePieces;
-        barrier_wait(&full[slot], round & 1);
-        const auto* stage = reinterpret_cast<const uint16_t*>(ring + slot * kStageBytes);
-        for (int64_t i = warp; i < in_stage; i += kConsumerWarps) {
-          const int64_t piece = first + i;
-          const float sum = piece_dot<T, kPiece>(stage + i * kPiece, x + piece % pieces_per_row * kPiece, lane);
-          if (lane == 0) atomicAdd(&sums[offset + piece / pieces_per_row], sum);
-        }
-        __syncwarp();
-        if (lane == 0) barrier_arrive(&empty[slot]);
-      }
-      offset += share.rows();
+    switch (stage_rows(step.cols)) {
+      case 1: consume_step<T, 1>(step, x, ring, full, empty, sums, k, block, blocks); break;
+      case 2: consume_step<T, 2>(step, x, ring, full, empty, sums, k, block, blocks); break;
+      case 4: consume_step<T, 4>(step, x, ring, full, empty, sums, k, block, blocks); break;
+      case 8: consume_step<T, 8>(step, x, ring, full, empty, sums, k, block, blocks); break;
+      default: consume_step<T, kMaxStageRows>(step, x, ring, full, empty, sums, k, block, blocks); break;
     }
     consumers_sync();
     write_outputs(step, sums, block, blocks);
@@ -295,40 +338,34 @@ ChainLaunch plan_launch(ProductChain& chain) {
   }();
   if (device.major < 9 || chain.steps < 1 || chain.steps > kMaxChainSteps) return {};
   if (chain.type != TensorType::F16 && chain.type != TensorType::BF16) return {};
-  bool wide = true;
-  chain.input_floats = 0;
   chain.sum_floats = 0;
   for (int s = 0; s < chain.steps; ++s) {
     const ChainStep& step = chain.step[s];
-    if (step.cols % kNarrowPiece != 0 || step.cols > kMaxChainInput || step.matrices < 1 || step.matrices > 3) return {};
+    if (step.cols % kChainWidthMultiple != 0 || step.cols > kMaxChainInput) return {};
+    if (step.matrices < 1 || step.matrices > 3) return {};
     if (step.output == ChainOutput::Swiglu && (step.matrices != 2 || step.rows[0] != step.rows[1])) return {};
-    wide = wide && step.cols % kWidePiece == 0;
-    chain.input_floats = std::max(chain.input_floats, step.cols);
     int64_t sums = 0;
     for (int m = 0; m < step.matrices; ++m) sums += (step.rows[m] + device.multiprocessors - 1) / device.multiprocessors;
     chain.sum_floats = std::max(chain.sum_floats, sums);
   }
   // The doubles of the norm's sum after the row sums: keep them 8-byte aligned.
   chain.sum_floats += chain.sum_floats % 2;
-  const size_t shared_bytes = 128 + kStages * kStageBytes + sizeof(float) * (chain.input_floats + chain.sum_floats) +
-                              sizeof(double) * kConsumerWarps;
+  const size_t shared_bytes =
+      128 + kStages * kStageBytes + sizeof(float) * chain.sum_floats + sizeof(double) * kConsumerWarps;
   if (shared_bytes > static_cast<size_t>(device.shared_optin)) return {};
   // Each kernel may take all the shared memory a block can have, asked for once rather than at every launch.
-  const auto kernel_for = [&]<TensorType T, int kPiece>() {
+  const auto kernel_for = [&]<TensorType T>() {
     static const auto kernel = [&] {
-      check(cudaFuncSetAttribute(product_chain_kernel<T, kPiece>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      check(cudaFuncSetAttribute(product_chain_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  device.shared_optin),
             "product_chain: asking for shared memory");
-      return product_chain_kernel<T, kPiece>;
+      return product_chain_kernel<T>;
     }();
     return kernel;
   };
-  const auto of_type = [&]<TensorType T>() {
-    return wide ? kernel_for.template operator()<T, kWidePiece>() : kernel_for.template operator()<T, kNarrowPiece>();
-  };
   ChainLaunch launch{device.multiprocessors, shared_bytes, nullptr};
-  launch.kernel = chain.type == TensorType::F16 ? of_type.template operator()<TensorType::F16>()
-                                                : of_type.template operator()<TensorType::BF16>();
+  launch.kernel = chain.type == TensorType::F16 ? kernel_for.template operator()<TensorType::F16>()
+                                                : kernel_for.template operator()<TensorType::BF16>();
   return launch;
 }
 
