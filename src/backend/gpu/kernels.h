@@ -189,7 +189,8 @@ struct ProductChain {
   float eps = 0.0f;
   int steps = 0;
   ChainStep step[kMaxChainSteps];
-  // Set by the launch: the shared-memory floats of a thread block's row sums.
+  // Set by the launch: the most rows of a step's matrices that a thread block takes (each consumer warp keeps a sum
+  // of each in shared memory).
   int64_t sum_floats = 0;
 };
 // Whether product_chain runs `chain` here: a CUDA build on a Hopper or newer device, 16-bit float weights, widths

@@ -20,11 +20,12 @@
 // block applies the SwiGLU to its own sums), and a stage holds whole rows of it. Consumer thread t takes the four
 // consecutive values at 4t, 4t + 2048, ... of every row, so a warp's reads of a row are consecutive in shared memory
 // (no bank conflicts) and the thread keeps the input values it meets in registers for the whole step: shared memory
-// carries the weights only. (Warps that took pieces of rows and read the f32 input from shared memory for each one
-// consumed a stage in about 1 µs, as slowly as device memory delivers it, so a consumer that waited never caught up:
-// llama3-8b F16 238.2-238.8 -> 240.9-241.6 tokens/s on an H200, PERFORMANCE.md, twenty-sixth round.) Each warp
-// sums its rows over its lanes, the rows spread over the lanes (spread_sum); the block adds the warps' sums per row
-// in shared memory and writes each row once at the end of the step.
+// carries the weights and the warps' row sums only. (Warps that took pieces of rows and read the f32 input from
+// shared memory for each one consumed a stage in about 1 µs, as slowly as device memory delivers it, so a consumer
+// that waited never caught up: llama3-8b F16 238.2-238.8 -> 240.9-241.6 tokens/s on an H200, PERFORMANCE.md,
+// twenty-sixth round.) Each warp sums its rows over its lanes, the rows spread over the lanes (spread_sum), into row
+// sums of its own in shared memory; at the end of the step the block adds the warps' sums and writes each row once.
+// (Adding them up as they came, with shared-memory atomics, was 0.5% slower.)
 //
 // Bytes per token: every weight byte once, from device memory into shared memory; each step's input row once per
 // block from L2.
@@ -185,10 +186,10 @@ __device__ void load_input(const ChainStep& step, float eps, float4 (&x)[kMaxSwe
 }
 
 // One stage of `rows` rows (at most R) of `cols` values: every consumer thread dots its columns of each row with its
-// input values, and the block's row sums gain the warp's sums.
+// input values, and the warp's sums of the rows go to warp_sums.
 template <TensorType T, int R>
 __device__ __forceinline__ void consume_stage(const unsigned char* stage, int64_t cols, int rows,
-                                              const float4 (&x)[kMaxSweeps], float* sums, int lane) {
+                                              const float4 (&x)[kMaxSweeps], float* warp_sums, int lane) {
   float acc[R] = {};
 #pragma unroll
   for (int j = 0; j < kMaxSweeps; ++j) {
@@ -205,33 +206,41 @@ __device__ __forceinline__ void consume_stage(const unsigned char* stage, int64_
   }
   int row = 0;
   const float sum = spread_sum<R>(acc, lane, row);
-  if ((lane & (32 / R - 1)) == 0 && row < rows) atomicAdd(&sums[row], sum);
+  if ((lane & (32 / R - 1)) == 0 && row < rows) warp_sums[row] = sum;
 }
 
-// The step's results from the block's row sums: stored, added to the residual stream, or silu(gate) * up.
-__device__ void write_outputs(const ChainStep& step, float* sums, int64_t block, int64_t blocks) {
+// The step's results from the block's row sums (row i's: warp w's sum at warp_sums[w * stride + i], added up):
+// stored, added to the residual stream, or silu(gate) * up.
+__device__ void write_outputs(const ChainStep& step, const float* warp_sums, int64_t stride, int64_t block,
+                              int64_t blocks) {
+  const auto total = [&](int64_t i) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kConsumerWarps; ++w) sum += warp_sums[w * stride + i];
+    return sum;
+  };
   int64_t offset = 0;
   for (int m = 0; m < step.matrices; ++m) {
     const Share share = share_of(step.rows[m], block, blocks);
     for (int64_t r = threadIdx.x; r < share.rows(); r += kConsumerThreads) {
-      const float sum = sums[offset + r];
+      const float sum = total(offset + r);
       const int64_t row = share.first + r;
       if (step.output == ChainOutput::Store) step.y[m][row] = sum;
       if (step.output == ChainOutput::Accumulate) add_to(step.y[0] + row, sum);
       if (step.output == ChainOutput::Swiglu && m == 1) {
-        step.y[0][row] = silu_times(sums[r], sum);
+        step.y[0][row] = silu_times(total(r), sum);
       }
     }
     offset += share.rows();
   }
   consumers_sync();
-  for (int64_t r = threadIdx.x; r < offset; r += kConsumerThreads) sums[r] = 0.0f;
 }
 
 // The consumers' part of a step whose stages hold up to R rows: the block's rows of each matrix, stage after stage.
 template <TensorType T, int R>
 __device__ void consume_step(const ChainStep& step, const float4 (&x)[kMaxSweeps], const unsigned char* ring,
-                             uint64_t* full, uint64_t* empty, float* sums, unsigned& k, int64_t block, int64_t blocks) {
+                             uint64_t* full, uint64_t* empty, float* warp_sums, unsigned& k, int64_t block,
+                             int64_t blocks) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   for (int m = 0; m < step.matrices; ++m) {
     const Share share = share_of(step.rows[m], block, blocks);
@@ -239,11 +248,11 @@ __device__ void consume_step(const ChainStep& step, const float4 (&x)[kMaxSweeps
       const unsigned slot = k % kStages, round = k / kStages;
       const int rows = stage_rows_at(share, first, R);
       barrier_wait(&full[slot], round & 1);
-      consume_stage<T, R>(ring + slot * kStageBytes, step.cols, rows, x, sums + first, lane);
+      consume_stage<T, R>(ring + slot * kStageBytes, step.cols, rows, x, warp_sums + first, lane);
       __syncwarp();
       if (lane == 0) barrier_arrive(&empty[slot]);
     }
-    sums += share.rows();
+    warp_sums += share.rows();
   }
 }
 
@@ -253,8 +262,8 @@ __global__ void __launch_bounds__(kChainThreads, 1) product_chain_kernel(Product
   uint64_t* full = reinterpret_cast<uint64_t*>(shared);
   uint64_t* empty = full + kStages;
   unsigned char* ring = shared + 128;
-  auto* sums = reinterpret_cast<float*>(ring + kStages * kStageBytes);
-  auto* squares = reinterpret_cast<double*>(sums + chain.sum_floats);
+  auto* warp_sums = reinterpret_cast<float*>(ring + kStages * kStageBytes);  // [warp][row of the block's share]
+  auto* squares = reinterpret_cast<double*>(warp_sums + kConsumerWarps * chain.sum_floats);
   const int64_t block = blockIdx.x, blocks = gridDim.x;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
@@ -264,7 +273,6 @@ __global__ void __launch_bounds__(kChainThreads, 1) product_chain_kernel(Product
     }
     HOPPER_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  for (int64_t i = threadIdx.x; i < chain.sum_floats; i += kChainThreads) sums[i] = 0.0f;
   __syncthreads();
   start_successor();
 
@@ -297,15 +305,16 @@ __global__ void __launch_bounds__(kChainThreads, 1) product_chain_kernel(Product
     const ChainStep& step = chain.step[s];
     float4 x[kMaxSweeps];
     load_input(step, chain.eps, x, squares);
+    float* mine = warp_sums + warp * chain.sum_floats;
     switch (stage_rows(step.cols)) {
-      case 1: consume_step<T, 1>(step, x, ring, full, empty, sums, k, block, blocks); break;
-      case 2: consume_step<T, 2>(step, x, ring, full, empty, sums, k, block, blocks); break;
-      case 4: consume_step<T, 4>(step, x, ring, full, empty, sums, k, block, blocks); break;
-      case 8: consume_step<T, 8>(step, x, ring, full, empty, sums, k, block, blocks); break;
-      default: consume_step<T, kMaxStageRows>(step, x, ring, full, empty, sums, k, block, blocks); break;
+      case 1: consume_step<T, 1>(step, x, ring, full, empty, mine, k, block, blocks); break;
+      case 2: consume_step<T, 2>(step, x, ring, full, empty, mine, k, block, blocks); break;
+      case 4: consume_step<T, 4>(step, x, ring, full, empty, mine, k, block, blocks); break;
+      case 8: consume_step<T, 8>(step, x, ring, full, empty, mine, k, block, blocks); break;
+      default: consume_step<T, kMaxStageRows>(step, x, ring, full, empty, mine, k, block, blocks); break;
     }
     consumers_sync();
-    write_outputs(step, sums, block, blocks);
+    write_outputs(step, warp_sums, chain.sum_floats, block, blocks);
     if (s + 1 < chain.steps) grid_barrier(arrivals, static_cast<unsigned>((s + 1) * blocks));
   }
   // Every block has passed the last barrier once it counts itself out; the last to do so zeroes the count for the
@@ -338,20 +347,21 @@ ChainLaunch plan_launch(ProductChain& chain) {
   }();
   if (device.major < 9 || chain.steps < 1 || chain.steps > kMaxChainSteps) return {};
   if (chain.type != TensorType::F16 && chain.type != TensorType::BF16) return {};
+  const int64_t blocks = device.multiprocessors;
   chain.sum_floats = 0;
   for (int s = 0; s < chain.steps; ++s) {
     const ChainStep& step = chain.step[s];
     if (step.cols % kChainWidthMultiple != 0 || step.cols > kMaxChainInput) return {};
     if (step.matrices < 1 || step.matrices > 3) return {};
     if (step.output == ChainOutput::Swiglu && (step.matrices != 2 || step.rows[0] != step.rows[1])) return {};
-    int64_t sums = 0;
-    for (int m = 0; m < step.matrices; ++m) sums += (step.rows[m] + device.multiprocessors - 1) / device.multiprocessors;
-    chain.sum_floats = std::max(chain.sum_floats, sums);
+    int64_t rows = 0;
+    for (int m = 0; m < step.matrices; ++m) rows += (step.rows[m] + blocks - 1) / blocks;
+    chain.sum_floats = std::max(chain.sum_floats, rows);
   }
-  // The doubles of the norm's sum after the row sums: keep them 8-byte aligned.
+  // The doubles of the norm's sum after the warps' row sums: keep them 8-byte aligned.
   chain.sum_floats += chain.sum_floats % 2;
-  const size_t shared_bytes =
-      128 + kStages * kStageBytes + sizeof(float) * chain.sum_floats + sizeof(double) * kConsumerWarps;
+  const size_t shared_bytes = 128 + kStages * kStageBytes + sizeof(float) * kConsumerWarps * chain.sum_floats +
+                              sizeof(double) * kConsumerWarps;
   if (shared_bytes > static_cast<size_t>(device.shared_optin)) return {};
   // Each kernel may take all the shared memory a block can have, asked for once rather than at every launch.
   const auto kernel_for = [&]<TensorType T>() {
