@@ -97,8 +97,9 @@ struct ChainBuffers {
 
 // The products between layer l's attention and layer l + 1's (its output projection, its feed-forward block, and
 // layer l + 1's q, k and v; after the last layer the final norm and the logits, where the output matrix has the
-// chain's type) as one chain, for decoding: the weights' device rows from `rows_of` (nullptr while only the shapes
-// are asked about). Empty where the layers' matrices do not share one 16-bit float type.
+// chain's type and the launch room for its rows) as one chain, for decoding: the weights' device rows from `rows_of`
+// (nullptr while only the shapes are asked about). Empty where the layers' matrices do not share one 16-bit float
+// type.
 template <typename RowsOf>
 std::optional<ProductChain> chain_after_attention(const model::ExecutionPlan& plan, int64_t l, const ChainBuffers& out,
                                                   const RowsOf& rows_of) {
@@ -133,6 +134,8 @@ std::optional<ProductChain> chain_after_attention(const model::ExecutionPlan& pl
         {{&next.attn_q, out.q}, {&next.attn_k, out.k}, {&next.attn_v, out.v}});
   } else if (out.logits && plan.output().type() == chain.type) {
     add(out.residual, &plan.output_norm(), ChainOutput::Store, {{&plan.output(), out.logits}});
+    // Where a block's row sums of the vocabulary do not fit its shared memory, the logits are a product of their own.
+    if (!product_chain_runs(chain)) --chain.steps;
   }
   if (!one_type) return std::nullopt;
   return chain;
