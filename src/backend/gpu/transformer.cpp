@@ -151,9 +151,10 @@ uint64_t chain_bytes(const ProductChain& chain) {
 }
 
 // Chains pay where a layer's weights stream long enough to hide the grid barriers between their steps. Measured on
-// an H200, decoding tg128 from gen-model files: llama3-8b F16 (436 MB a chain) 223.5-224.5 -> 234.9-235.1 tokens/s;
-// llama3-1b F16 (122 MB a chain) 1010-1013 -> 989-994 with chains of four stages.
-constexpr uint64_t kMinChainBytes = 256ull << 20;
+// an H200, decoding tg128 from gen-model files with the chains of c38f0d5: llama3-8b F16 (436 MB a chain) 224 -> 239
+// tokens/s, llama3-1b F16 (122 MB) 1009-1014 -> 1047-1055, tiny-256 F16 (1 MB) 9416-9526 -> 5697-5784. The floor
+// sits just under the smallest chain measured to gain.
+constexpr uint64_t kMinChainBytes = 100ull << 20;
 
 // Whether decode steps run the products after each attention as chains: every layer's on this device.
 bool chains_suit(const model::ExecutionPlan& plan, int64_t first_layer, TransformerOptions::Chains mode) {
