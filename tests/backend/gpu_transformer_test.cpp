@@ -157,9 +157,9 @@ TEST_P(GpuReferenceTest, LogitsMatchCpuAndLlamaCpp) {
     const Agreement step_cpu = compare(step_rows, cpu_row);
     const Agreement step_ref = compare(step_rows, ref_row);
     std::cout << "[ gpu reference ] " << ref.model << " (" << ref.rows << " rows, the GPU from layer " << first_layer
-              << " of " << layers << (gpu.decodes_in_chains() ? ", decoding in chains" : "") << "): batch vs CPU " << batch_cpu.min_cosine << ", vs llama.cpp "
-              << batch_ref.min_cosine << "; token by token vs CPU " << step_cpu.min_cosine << ", vs llama.cpp "
-              << step_ref.min_cosine << "\n";
+              << " of " << layers << (gpu.decodes_in_chains() ? ", decoding in chains" : "") << "): batch vs CPU "
+              << batch_cpu.min_cosine << ", vs llama.cpp " << batch_ref.min_cosine << "; token by token vs CPU "
+              << step_cpu.min_cosine << ", vs llama.cpp " << step_ref.min_cosine << "\n";
     EXPECT_GE(batch_cpu.min_cosine, cpu_bound) << "worst row " << batch_cpu.worst_row;
     EXPECT_GE(batch_ref.min_cosine, 0.999) << "worst row " << batch_ref.worst_row;
     EXPECT_GE(step_cpu.min_cosine, cpu_bound) << "worst row " << step_cpu.worst_row;

@@ -53,11 +53,13 @@ constexpr int kStageBytes = 32 * 1024;
 // same in every row of a step, so it keeps its input values in registers.
 constexpr int64_t kSweep = 4 * kConsumerThreads;
 constexpr int kMaxSweeps = static_cast<int>((kMaxChainInput + kSweep - 1) / kSweep);
+// Bytes of a weight (F16, BF16).
+constexpr int64_t kWeightBytes = 2;
 // A stage holds whole rows of one matrix: the largest power of two of them that fits, up to kMaxStageRows.
 constexpr int kMaxStageRows = 16;
 __device__ inline int stage_rows(int64_t cols) {
   int rows = 1;
-  while (rows < kMaxStageRows && 2 * rows * cols * 2 <= kStageBytes) rows *= 2;
+  while (rows < kMaxStageRows && 2 * rows * cols * kWeightBytes <= kStageBytes) rows *= 2;
   return rows;
 }
 
@@ -200,7 +202,7 @@ __device__ __forceinline__ void consume_stage(const unsigned char* stage, int64_
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r >= rows) break;
-      const uint2 w = *reinterpret_cast<const uint2*>(stage + (r * cols + c) * 2);
+      const uint2 w = *reinterpret_cast<const uint2*>(stage + (r * cols + c) * kWeightBytes);
       const float2 w0 = widen_pair<T>(w.x);
       const float2 w1 = widen_pair<T>(w.y);
       acc[r] += w0.x * x[j].x + w0.y * x[j].y + w1.x * x[j].z + w1.y * x[j].w;
@@ -284,7 +286,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) product_chain_kernel(Product
     unsigned k = 0;
     for (int s = 0; s < chain.steps; ++s) {
       const ChainStep& step = chain.step[s];
-      const int64_t row_bytes = step.cols * 2;
+      const int64_t row_bytes = step.cols * kWeightBytes;
       const int rows = stage_rows(step.cols);
       for (int m = 0; m < step.matrices; ++m) {
         const Share share = share_of(step.rows[m], block, blocks);

@@ -143,11 +143,11 @@ std::optional<ProductChain> chain_after_attention(const model::ExecutionPlan& pl
 
 // Bytes of a chain's weights.
 uint64_t chain_bytes(const ProductChain& chain) {
-  uint64_t bytes = 0;
+  uint64_t values = 0;
   for (int s = 0; s < chain.steps; ++s)
     for (int m = 0; m < chain.step[s].matrices; ++m)
-      bytes += static_cast<uint64_t>(chain.step[s].rows[m] * chain.step[s].cols) * 2;
-  return bytes;
+      values += static_cast<uint64_t>(chain.step[s].rows[m] * chain.step[s].cols);
+  return values * tensor_type_info(chain.type).block_bytes;
 }
 
 // Chains pay where a layer's weights stream long enough to hide the grid barriers between their steps. Measured on
