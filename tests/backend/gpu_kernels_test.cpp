@@ -91,9 +91,10 @@ struct TestMatrix {
   WeightView view() const { return weight_view(device.data(), type, rows, cols); }
 };
 
-TestMatrix make_matrix(TensorType type, int64_t rows, int64_t cols, gpuStream_t stream) {
+TestMatrix make_matrix(TensorType type, int64_t rows, int64_t cols, gpuStream_t stream, uint32_t seed = 7) {
   TestMatrix m{type, rows, cols, {}, {}, {}};
-  const std::vector<float> source = test::random_normal(static_cast<size_t>(rows * cols), 7 + static_cast<uint32_t>(type));
+  const std::vector<float> source =
+      test::random_normal(static_cast<size_t>(rows * cols), seed + static_cast<uint32_t>(type));
   m.stored.resize(row_bytes(type, static_cast<uint64_t>(cols)) * static_cast<size_t>(rows));
   quant::quantize(type, source.data(), m.stored.data(), rows, cols);
   m.values.resize(source.size());
@@ -320,28 +321,7 @@ TEST_F(GpuKernels, SwigluMatchesCpu) {
   for (size_t i = 0; i < gate.size(); ++i) ASSERT_NEAR(got[i], gate[i], 1e-5f * std::fabs(gate[i]) + 1e-6f) << i;
 }
 
-// A matrix of 16-bit floats for a product chain, random, and its device copy.
-struct ChainMatrix {
-  int64_t rows;
-  int64_t cols;
-  std::vector<float> values;  // as stored
-  DeviceBuffer device;
-};
-
-ChainMatrix chain_matrix(TensorType type, int64_t rows, int64_t cols, uint32_t seed) {
-  const std::vector<float> source =
-      test::random_normal(static_cast<size_t>(rows * cols), seed, 1.0f / std::sqrt(static_cast<float>(cols)));
-  std::vector<uint16_t> bits(source.size());
-  ChainMatrix m{rows, cols, std::vector<float>(source.size()), {}};
-  for (size_t i = 0; i < source.size(); ++i) {
-    bits[i] = type == TensorType::F16 ? fp32_to_fp16(source[i]) : fp32_to_bf16(source[i]);
-    m.values[i] = type == TensorType::F16 ? fp16_to_fp32(bits[i]) : bf16_to_fp32(bits[i]);
-  }
-  m.device = to_device(bits);
-  return m;
-}
-
-std::vector<double> times(const ChainMatrix& m, const std::vector<double>& x) {
+std::vector<double> times(const TestMatrix& m, const std::vector<double>& x) {
   std::vector<double> y(static_cast<size_t>(m.rows), 0.0);
   for (int64_t r = 0; r < m.rows; ++r)
     for (int64_t c = 0; c < m.cols; ++c) y[r] += m.values[r * m.cols + c] * x[c];
@@ -363,13 +343,13 @@ std::vector<double> rms_normalized(const std::vector<double>& x, const std::vect
 // output's, `hidden` the feed-forward block's.
 void check_product_chain(TensorType type, int64_t width, int64_t attention, int64_t hidden, gpuStream_t stream) {
   const float eps = 1e-5f;
-  const ChainMatrix o = chain_matrix(type, width, attention, 11);
-  const ChainMatrix gate = chain_matrix(type, hidden, width, 12);
-  const ChainMatrix up = chain_matrix(type, hidden, width, 13);
-  const ChainMatrix down = chain_matrix(type, width, hidden, 14);
-  const ChainMatrix q = chain_matrix(type, width, width, 15);
-  const ChainMatrix k = chain_matrix(type, width / 4, width, 16);
-  const ChainMatrix v = chain_matrix(type, width / 4, width, 17);
+  const TestMatrix o = make_matrix(type, width, attention, stream, 11);
+  const TestMatrix gate = make_matrix(type, hidden, width, stream, 12);
+  const TestMatrix up = make_matrix(type, hidden, width, stream, 13);
+  const TestMatrix down = make_matrix(type, width, hidden, stream, 14);
+  const TestMatrix q = make_matrix(type, width, width, stream, 15);
+  const TestMatrix k = make_matrix(type, width / 4, width, stream, 16);
+  const TestMatrix v = make_matrix(type, width / 4, width, stream, 17);
   const std::vector<float> stream_in = test::random_normal(static_cast<size_t>(width), 18);
   const std::vector<float> attention_out = test::random_normal(static_cast<size_t>(attention), 19);
   const std::vector<float> ffn_norm = test::random_normal(static_cast<size_t>(width), 20);

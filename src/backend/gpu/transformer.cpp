@@ -143,11 +143,12 @@ std::optional<ProductChain> chain_after_attention(const model::ExecutionPlan& pl
 
 // Bytes of a chain's weights.
 uint64_t chain_bytes(const ProductChain& chain) {
-  uint64_t values = 0;
+  uint64_t bytes = 0;
   for (int s = 0; s < chain.steps; ++s)
     for (int m = 0; m < chain.step[s].matrices; ++m)
-      values += static_cast<uint64_t>(chain.step[s].rows[m] * chain.step[s].cols);
-  return values * tensor_type_info(chain.type).block_bytes;
+      bytes += static_cast<uint64_t>(chain.step[s].rows[m]) *
+               row_bytes(chain.type, static_cast<uint64_t>(chain.step[s].cols));
+  return bytes;
 }
 
 // Chains pay where a layer's weights stream long enough to hide the grid barriers between their steps. Measured on
