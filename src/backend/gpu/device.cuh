@@ -96,17 +96,48 @@ __device__ __forceinline__ void add_to(float* p, float value) {
 #endif
 }
 
-// Sum and maximum over a team of 32 lanes; every lane of the team gets the result.
+// Sums, maxima and minima over a team of 32 lanes; every lane of the team gets the result. On NVIDIA (sm_80 on) the
+// integer sum and the float extremes (as their ordered bits) take one `redux.sync` instruction each, where shuffles
+// take five dependent rounds. Measured on an H200 in the quantization of every activation kernel (the extremes and
+// the levels' sums), decoding tg128 in one call, three rounds against shuffles: 8b Q4_K_M 579.6-580.9 -> 582.0-585.3
+// tokens/s, 1b Q4_K_M 1998.8-2011.6 -> 2022.4-2028.9.
 __device__ __forceinline__ float team_sum(float value) {
 #pragma unroll
   for (int mask = kTeam / 2; mask > 0; mask /= 2) value += shuffle_xor(value, mask, kTeam);
   return value;
 }
 
+// A float's bits as a signed integer that orders as the floats do (-0 just below +0); its own inverse.
+__device__ __forceinline__ int ordered_bits(int bits) { return bits ^ ((bits >> 31) & 0x7FFFFFFF); }
+
 __device__ __forceinline__ float team_max(float value) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __int_as_float(ordered_bits(__reduce_max_sync(0xffffffffu, ordered_bits(__float_as_int(value)))));
+#else
 #pragma unroll
   for (int mask = kTeam / 2; mask > 0; mask /= 2) value = fmaxf(value, shuffle_xor(value, mask, kTeam));
   return value;
+#endif
+}
+
+__device__ __forceinline__ float team_min(float value) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __int_as_float(ordered_bits(__reduce_min_sync(0xffffffffu, ordered_bits(__float_as_int(value)))));
+#else
+#pragma unroll
+  for (int mask = kTeam / 2; mask > 0; mask /= 2) value = fminf(value, shuffle_xor(value, mask, kTeam));
+  return value;
+#endif
+}
+
+__device__ __forceinline__ int team_sum(int value) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_add_sync(0xffffffffu, value);
+#else
+#pragma unroll
+  for (int mask = kTeam / 2; mask > 0; mask /= 2) value += shuffle_xor(value, mask, kTeam);
+  return value;
+#endif
 }
 
 // Sum and maximum over a quad (lanes 4g .. 4g + 3: the lanes that hold one row of an mma fragment).
@@ -120,15 +151,13 @@ __device__ __forceinline__ float quad_max(float value) {
   return fmaxf(value, shuffle_xor(value, 2, kTeam));
 }
 
-// Reduction over the whole thread block with `combine` (sums, maxima); every thread gets the result.
-// `scratch` holds one T per warp (at most 1024 / 32) and may be reused once every thread has the result.
+// Combines the warps' totals (each the same in every lane of its warp) over the thread block; every thread gets the
+// result. `scratch` holds one T per warp (at most 1024 / 32) and may be reused once every thread has the result.
 template <typename T, typename Combine>
-__device__ __forceinline__ T block_reduce(T value, T* scratch, Combine combine) {
-#pragma unroll
-  for (int mask = kWarpSize / 2; mask > 0; mask /= 2) value = combine(value, shuffle_xor(value, mask, kWarpSize));
+__device__ __forceinline__ T across_warps(T warp_total, T* scratch, Combine combine) {
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int warps = static_cast<int>(blockDim.x + kWarpSize - 1) / kWarpSize;
-  if (threadIdx.x % kWarpSize == 0) scratch[warp] = value;
+  if (threadIdx.x % kWarpSize == 0) scratch[warp] = warp_total;
   __syncthreads();
   T total = scratch[0];
   for (int w = 1; w < warps; ++w) total = combine(total, scratch[w]);
@@ -136,9 +165,22 @@ __device__ __forceinline__ T block_reduce(T value, T* scratch, Combine combine) 
   return total;
 }
 
-// The maxima of both halves of `pair` over the thread block, in the one pass of a single reduction.
-__device__ __forceinline__ float2 block_max_pair(float2 pair, float2* scratch) {
-  return block_reduce(pair, scratch, [](float2 a, float2 b) { return make_float2(fmaxf(a.x, b.x), fmaxf(a.y, b.y)); });
+// Reduction over the whole thread block with `combine` (sums, maxima); `scratch` as across_warps'.
+template <typename T, typename Combine>
+__device__ __forceinline__ T block_reduce(T value, T* scratch, Combine combine) {
+#pragma unroll
+  for (int mask = kWarpSize / 2; mask > 0; mask /= 2) value = combine(value, shuffle_xor(value, mask, kWarpSize));
+  return across_warps(value, scratch, combine);
+}
+
+// The largest `value` of the thread block and the largest of its negations, in the one pass of a single reduction
+// (`scratch` as across_warps').
+__device__ __forceinline__ float2 block_extremes(float value, float2* scratch) {
+  const auto larger = [](float2 a, float2 b) { return make_float2(fmaxf(a.x, b.x), fmaxf(a.y, b.y)); };
+  if constexpr (kWarpSize == kTeam)
+    return across_warps(make_float2(team_max(value), -team_min(value)), scratch, larger);
+  else
+    return block_reduce(make_float2(value, -value), scratch, larger);
 }
 
 // c + the dot product of the four signed bytes of a and b.

@@ -19,8 +19,8 @@ __device__ __forceinline__ void store_level(int64_t i, int level, float d, int8_
   const int lane = static_cast<int>(threadIdx.x % kTeam);
   q[i] = static_cast<int8_t>(level);
   if (f16) f16[i] = float_to_half(d * static_cast<float>(level));
-  const float low = team_sum(lane < 16 ? static_cast<float>(level) : 0.0f);
-  const float high = team_sum(lane < 16 ? 0.0f : static_cast<float>(level));
+  const int low = team_sum(lane < 16 ? level : 0);
+  const int high = team_sum(lane < 16 ? 0 : level);
   if (lane == 0) scales[i / kActivationBlock] = {d, {static_cast<int16_t>(low), static_cast<int16_t>(high)}};
 }
 
@@ -53,7 +53,7 @@ __device__ __forceinline__ void quantize_element(float value, int64_t i, bool ac
     const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
     store_level(i, static_cast<int>(roundf(value * inverse)), half_to_float(float_to_half(d)), q, scales, f16);
   } else if constexpr (kBlocks == ActivationBlocks::Q8_K) {
-    quantize_q8_k_element(value, block_max_pair(make_float2(value, -value), scratch), i, q, scales, f16);
+    quantize_q8_k_element(value, block_extremes(value, scratch), i, q, scales, f16);
   }
 }
 
