@@ -467,9 +467,8 @@ unsigned pack(std::span<const MatvecSegment> segments, const RowsPerBlock& rows_
 }
 
 template <typename V>
-void launch(std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch, bool accumulate,
-            gpuStream_t stream) {
-  const RowShape shape = row_shape<V>(cols);
+void launch(std::span<const MatvecSegment> segments, int64_t cols, RowShape shape, const ProductInput& x, int batch,
+            bool accumulate, gpuStream_t stream) {
   // Staged activations: levels and scales (quantized weights) or f32 values, whole 16-byte pieces.
   const int64_t stage_bytes = kReadsQuantizedActivations<V::kType> && x.q
                                   ? batch * cols + batch * cols / kActivationBlock * 8
@@ -509,11 +508,17 @@ bool four_rows_fill(int64_t cols, int64_t rows) {
   return blocks >= kFourRowBlocksPerMultiprocessor * multiprocessors;
 }
 
-// Calls fn.template operator()<V>() with the variant V that computes `rows` rows of T, `cols` wide, for batches
-// of up to kMaxBatch activation rows: by chunks where the type has a chunk decoder and the row is narrow enough
-// for it, else by slices.
+// Calls fn.template operator()<V>(shape) with the variant V that computes `rows` rows of T, `cols` wide, for batches
+// of up to kMaxBatch activation rows, and its row shape: by chunks where the type has a chunk decoder and the row is
+// narrow enough for it, else by slices.
 template <TensorType T, int kMaxBatch, typename Fn>
 void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
+  // fn for variant V, with `teams` times the lanes a row that lanes_per_row() gives it.
+  const auto run = [&]<typename V>(int teams) {
+    RowShape shape = row_shape<V>(cols);
+    shape.lanes *= teams;
+    fn.template operator()<V>(shape);
+  };
   if constexpr (ChunkDecoder<T>::kDefined) {
     if (cols / Decoder<T>::kBlockElements <= ChunkDecoder<T>::kMaxRowBlocks) {
       if constexpr (kMaxBatch == 1) {
@@ -521,12 +526,25 @@ void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
         // would not (measured on an H200 against two: the 1B's gate + up 6.3 -> 4.8 us, the 8B's Q6_K down
         // 15.1 -> 13.5 us, output matrix 118.4 -> 112.3 us; the 1B's down, 128 thread blocks with four, 6.2 ->
         // 8.5 us).
+        using Four = Variant<T, kMaxBatch, true, 4>;
         if (four_rows_fill<T, true>(cols, rows)) {
-          fn.template operator()<Variant<T, kMaxBatch, true, 4>>();
+          run.template operator()<Four>(1);
+          return;
+        }
+        // A launch that small is one wave of thread blocks, each lane's rounds of loads one after another; where a
+        // team's lanes would take more than kChunksPerLane chunks of a row (Q6_K rows of 4096: four, in four rounds
+        // of two rows), two teams take the row and four rows a group: the same thread blocks, half the rounds. The
+        // 8B Q4_K_M's v (Q6_K, 1024 rows, in the launch of q and k, whose lanes take two rounds) had kept that
+        // launch 1.6 us longer than in the layers where v is Q4_K (kernel timeline of the captured step on an H200,
+        // docs/PERFORMANCE.md: 6.29 against 4.70 us; with two teams 5.05 us); decoding 8b Q4_K_M in one call, three
+        // rounds: 582.9-585.1 -> 587.8-588.7 tokens/s.
+        const int64_t chunks = cols / Decoder<T>::kBlockElements * ChunkDecoder<T>::kChunks;
+        if (lanes_per_row<T, true, 4>(cols) == kTeam && kTeam * kChunksPerLane < chunks) {
+          run.template operator()<Four>(2);
           return;
         }
       }
-      fn.template operator()<Variant<T, kMaxBatch, true, kMaxBatch == 1 ? 2 : 1>>();
+      run.template operator()<Variant<T, kMaxBatch, true, kMaxBatch == 1 ? 2 : 1>>(1);
       return;
     }
   }
@@ -538,11 +556,11 @@ void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
   // (before the large products stopped prefetching, prefetches(), the same rule had lost: 8b Q4_K_M 401.6 -> 399.0).
   if constexpr (kMaxBatch == 1 && kReadsQuantizedActivations<T>) {
     if (cols > kTwoTeamCols || (kFourRowSlices<T> && four_rows_fill<T, false>(cols, rows))) {
-      fn.template operator()<Variant<T, 1, false, 4>>();
+      run.template operator()<Variant<T, 1, false, 4>>(1);
       return;
     }
   }
-  fn.template operator()<Variant<T, kMaxBatch, false, kMaxBatch == 1 && kReadsQuantizedActivations<T> ? 2 : 1>>();
+  run.template operator()<Variant<T, kMaxBatch, false, kMaxBatch == 1 && kReadsQuantizedActivations<T> ? 2 : 1>>(1);
 }
 
 int64_t total_rows(std::span<const MatvecSegment> segments) {
@@ -554,8 +572,9 @@ int64_t total_rows(std::span<const MatvecSegment> segments) {
 template <TensorType T, int kMaxBatch>
 void launch(std::span<const MatvecSegment> segments, int64_t cols, const ProductInput& x, int batch, bool accumulate,
             gpuStream_t stream) {
-  with_variant<T, kMaxBatch>(cols, total_rows(segments),
-                             [&]<typename V>() { launch<V>(segments, cols, x, batch, accumulate, stream); });
+  with_variant<T, kMaxBatch>(cols, total_rows(segments), [&]<typename V>(RowShape shape) {
+    launch<V>(segments, cols, shape, x, batch, accumulate, stream);
+  });
 }
 
 // The pairs of types one launch takes (matvec_two_types): the v projection of the _M mixes, Q6_K, after their
@@ -568,10 +587,8 @@ constexpr bool kOneLaunchPair =
 template <TensorType T, TensorType TLast>
 void launch_two_types(std::span<const MatvecSegment> segments, const MatvecSegment& last, int64_t cols,
                       const ProductInput& x, bool accumulate, gpuStream_t stream) {
-  with_variant<T, 1>(cols, total_rows(segments), [&]<typename First>() {
-    with_variant<TLast, 1>(cols, last.rows, [&]<typename Last>() {
-      const RowShape first_shape = row_shape<First>(cols);
-      const RowShape last_shape = row_shape<Last>(cols);
+  with_variant<T, 1>(cols, total_rows(segments), [&]<typename First>(RowShape first_shape) {
+    with_variant<TLast, 1>(cols, last.rows, [&]<typename Last>(RowShape last_shape) {
       MatvecSegment all[kMaxMatvecSegments];
       std::copy(segments.begin(), segments.end(), all);
       const size_t last_index = segments.size();
