@@ -101,42 +101,41 @@ __device__ __forceinline__ void add_to(float* p, float value) {
 // take five dependent rounds. Measured on an H200 in the quantization of every activation kernel (the extremes and
 // the levels' sums), decoding tg128 in one call, three rounds against shuffles: 8b Q4_K_M 579.6-580.9 -> 582.0-585.3
 // tokens/s, 1b Q4_K_M 1998.8-2011.6 -> 2022.4-2028.9.
-__device__ __forceinline__ float team_sum(float value) {
+template <typename T, typename Combine>
+__device__ __forceinline__ T shuffle_reduce(T value, Combine combine) {
 #pragma unroll
-  for (int mask = kTeam / 2; mask > 0; mask /= 2) value += shuffle_xor(value, mask, kTeam);
+  for (int mask = kTeam / 2; mask > 0; mask /= 2) value = combine(value, shuffle_xor(value, mask, kTeam));
   return value;
 }
 
-// A float's bits as a signed integer that orders as the floats do (-0 just below +0); its own inverse.
+__device__ __forceinline__ float team_sum(float value) {
+  return shuffle_reduce(value, [](float a, float b) { return a + b; });
+}
+
+// A float's bits as a signed integer that orders as the floats do (-0 just below +0, NaNs beyond the infinity of
+// their sign); its own inverse.
 __device__ __forceinline__ int ordered_bits(int bits) { return bits ^ ((bits >> 31) & 0x7FFFFFFF); }
 
-__device__ __forceinline__ float team_max(float value) {
+// The largest (kLargest) or the smallest value of the team.
+template <bool kLargest>
+__device__ __forceinline__ float team_extreme(float value) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __int_as_float(ordered_bits(__reduce_max_sync(0xffffffffu, ordered_bits(__float_as_int(value)))));
+  const int key = ordered_bits(__float_as_int(value));
+  const int extreme = kLargest ? __reduce_max_sync(0xffffffffu, key) : __reduce_min_sync(0xffffffffu, key);
+  return __int_as_float(ordered_bits(extreme));
 #else
-#pragma unroll
-  for (int mask = kTeam / 2; mask > 0; mask /= 2) value = fmaxf(value, shuffle_xor(value, mask, kTeam));
-  return value;
+  return shuffle_reduce(value, [](float a, float b) { return kLargest ? fmaxf(a, b) : fminf(a, b); });
 #endif
 }
 
-__device__ __forceinline__ float team_min(float value) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __int_as_float(ordered_bits(__reduce_min_sync(0xffffffffu, ordered_bits(__float_as_int(value)))));
-#else
-#pragma unroll
-  for (int mask = kTeam / 2; mask > 0; mask /= 2) value = fminf(value, shuffle_xor(value, mask, kTeam));
-  return value;
-#endif
-}
+__device__ __forceinline__ float team_max(float value) { return team_extreme<true>(value); }
+__device__ __forceinline__ float team_min(float value) { return team_extreme<false>(value); }
 
 __device__ __forceinline__ int team_sum(int value) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   return __reduce_add_sync(0xffffffffu, value);
 #else
-#pragma unroll
-  for (int mask = kTeam / 2; mask > 0; mask /= 2) value += shuffle_xor(value, mask, kTeam);
-  return value;
+  return shuffle_reduce(value, [](int a, int b) { return a + b; });
 #endif
 }
 
