@@ -96,18 +96,19 @@ __device__ __forceinline__ void add_to(float* p, float value) {
 #endif
 }
 
+// `value` combined over `kWidth` consecutive lanes (a team, or the whole warp) in rounds of butterfly shuffles.
+template <int kWidth = kTeam, typename T, typename Combine>
+__device__ __forceinline__ T shuffle_reduce(T value, Combine combine) {
+#pragma unroll
+  for (int mask = kWidth / 2; mask > 0; mask /= 2) value = combine(value, shuffle_xor(value, mask, kWidth));
+  return value;
+}
+
 // Sums, maxima and minima over a team of 32 lanes; every lane of the team gets the result. On NVIDIA (sm_80 on) the
 // integer sum and the float extremes (as their ordered bits) take one `redux.sync` instruction each, where shuffles
 // take five dependent rounds. Measured on an H200 in the quantization of every activation kernel (the extremes and
 // the levels' sums), decoding tg128 in one call, three rounds against shuffles: 8b Q4_K_M 579.6-580.9 -> 582.0-585.3
 // tokens/s, 1b Q4_K_M 1998.8-2011.6 -> 2022.4-2028.9.
-template <typename T, typename Combine>
-__device__ __forceinline__ T shuffle_reduce(T value, Combine combine) {
-#pragma unroll
-  for (int mask = kTeam / 2; mask > 0; mask /= 2) value = combine(value, shuffle_xor(value, mask, kTeam));
-  return value;
-}
-
 __device__ __forceinline__ float team_sum(float value) {
   return shuffle_reduce(value, [](float a, float b) { return a + b; });
 }
@@ -167,9 +168,7 @@ __device__ __forceinline__ T across_warps(T warp_total, T* scratch, Combine comb
 // Reduction over the whole thread block with `combine` (sums, maxima); `scratch` as across_warps'.
 template <typename T, typename Combine>
 __device__ __forceinline__ T block_reduce(T value, T* scratch, Combine combine) {
-#pragma unroll
-  for (int mask = kWarpSize / 2; mask > 0; mask /= 2) value = combine(value, shuffle_xor(value, mask, kWarpSize));
-  return across_warps(value, scratch, combine);
+  return across_warps(shuffle_reduce<kWarpSize>(value, combine), scratch, combine);
 }
 
 // The largest `value` of the thread block and the largest of its negations, in the one pass of a single reduction
