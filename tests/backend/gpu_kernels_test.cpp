@@ -534,13 +534,12 @@ class AttentionCheck {
     step[0] = static_cast<int32_t>(position);
     const DeviceBuffer step_device = to_device(step);
     const DeviceBuffer inverse_device = to_device(inverse);
-    DeviceBuffer rope_device(static_cast<size_t>(n_tokens * c_.rope_dims) * sizeof(float), "angles");
+    DeviceBuffer rope_device(static_cast<size_t>((position + n_tokens) * c_.rope_dims) * sizeof(float), "angles");
     DeviceBuffer q_device = to_device(q), k_device = to_device(k);
     const DeviceBuffer v_device = to_device(v);
     DeviceBuffer keys_device = to_device(key_cache_), values_device = to_device(value_cache_);
     DeviceBuffer out(expected.size() * sizeof(float), "out");
-    rope_table(inverse_device.as<double>(), c_.rope_dims / 2, step_device.as<int32_t>(), n_tokens,
-               rope_device.as<float>(), stream_);
+    rope_table(inverse_device.as<double>(), c_.rope_dims / 2, position + n_tokens, rope_device.as<float>(), stream_);
 
     // The rotation may round differently (FMA contraction), so the cached halves agree to within an ulp or so.
     const auto expect_same_cache = [](const std::vector<uint16_t>& got_cache,

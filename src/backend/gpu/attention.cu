@@ -520,6 +520,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   // write).
   const int64_t positions = step[0] + 1;
   const int64_t newest = positions - 1;
+  const float* angles = cos_sin + 2 * newest * shape.rope_pairs;  // of the token's position
   const int64_t chunks = (positions + kAttentionChunk - 1) / kAttentionChunk;
   // A short context: block 0 of the part takes every chunk and writes the output itself (lone_block_chunks()).
   const bool lone = chunks <= lone_block_chunks<kValues>(parts_per_combine);
@@ -550,11 +551,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     // puts its key (rotated) and value into the cache, where its scoring reads them; no other block reads that row,
     // and the parts of one kv head write the same bits.
     for (int i = static_cast<int>(threadIdx.x); i < heads * head_dim; i += kDecodeThreads)
-      queries[i] = rotated(q + (first_head + i / head_dim) * head_dim, i % head_dim, shape, cos_sin) * scale;
+      queries[i] = rotated(q + (first_head + i / head_dim) * head_dim, i % head_dim, shape, angles) * scale;
     if (lone || block == (chunks - 1) % blocks) {
       for (int d = static_cast<int>(threadIdx.x); d < head_dim; d += kDecodeThreads) {
         const int64_t offset = kv_head * head_dim + d;
-        keys[newest * kv_dim + offset] = float_to_half(rotated(k + kv_head * head_dim, d, shape, cos_sin));
+        keys[newest * kv_dim + offset] = float_to_half(rotated(k + kv_head * head_dim, d, shape, angles));
         values[newest * kv_dim + offset] = float_to_half(v[offset]);
       }
     }

@@ -107,10 +107,11 @@ void convert_to_f16(const float* x, int64_t n, uint16_t* out, gpuStream_t stream
 void swiglu(const float* gate, const float* up, int64_t rows, int64_t cols, const ActivationOutput& out,
             gpuStream_t stream);
 
-// (cos, sin) of (step[0] + t) * inverse_frequencies[i] for t < n_tokens, i < pairs, computed in double
-// precision as the CPU does: cos_sin[2 * (t * pairs + i)] and [.. + 1].
-void rope_table(const double* inverse_frequencies, int64_t pairs, const int32_t* step, int64_t n_tokens,
-                float* cos_sin, gpuStream_t stream);
+// The rotation angles of every position of a context: (cos, sin) of p * inverse_frequencies[i] for p < positions,
+// i < pairs, computed in double precision as the CPU does: cos_sin[2 * (p * pairs + i)] and [.. + 1]. Made once,
+// when the KV cache is allocated, for the kernels below that rotate queries and keys.
+void rope_table(const double* inverse_frequencies, int64_t pairs, int64_t positions, float* cos_sin,
+                gpuStream_t stream);
 
 struct AttentionShape {
   int64_t n_heads;
@@ -123,8 +124,9 @@ struct AttentionShape {
   constexpr int64_t heads_per_kv_head() const { return n_heads / n_kv_heads; }
 };
 
-// Rotates the queries and keys of n tokens in place and writes keys and values to the f16 cache rows of
-// positions step[0] .. step[0] + n_tokens - 1 (row p of a layer at p * kv_dim).
+// Rotates the queries and keys of n tokens in place (by the angles of positions step[0] .. step[0] + n_tokens - 1
+// in cos_sin, a rope_table) and writes keys and values to the f16 cache rows of those positions (row p of a layer at
+// p * kv_dim).
 void rope_and_store(const AttentionShape& shape, float* q, float* k, const float* v, const float* cos_sin,
                     int64_t n_tokens, const int32_t* step, uint16_t* key_cache, uint16_t* value_cache,
                     gpuStream_t stream);
@@ -140,8 +142,8 @@ void attention_prompt(const AttentionShape& shape, const float* q, const uint16_
 bool attention_prompt_rounds_to_f16(const AttentionShape& shape);
 
 // One token (decoding) at position step[0], over positions 0 .. step[0], in one launch (split-K). q, k and v are the
-// token's projections before rotation: the launch rotates q and k by the angles cos_sin (rope_table of the one
-// token) and writes k and v to the cache rows of step[0], as rope_and_store would. The query heads of a kv head are
+// token's projections before rotation: the launch rotates q and k by the angles of step[0] in cos_sin (a rope_table)
+// and writes k and v to the cache rows of step[0], as rope_and_store would. The query heads of a kv head are
 // taken in parts of a few heads, and the positions are split into chunks of kAttentionChunk, shared out among a
 // fixed number of thread blocks per part, each of which leaves one partial softmax per query head in `partials`. The
 // last of a part's blocks to finish (of a few parts' blocks where one part's query heads do not fill whole

@@ -1,7 +1,9 @@
-// Rotary position embedding and the KV cache write. The angles of a batch are computed once per forward pass
-// (in double precision, as the CPU backend does, so that long positions keep their accuracy); every layer
-// then rotates its queries and keys with them and stores keys and values as f16 rows of the cache. (A single
-// token, decoding, is rotated and stored by the decode attention kernel itself.)
+// Rotary position embedding and the KV cache write. The angles of every position of the context are computed
+// once, with the cache (in double precision, as the CPU backend does, so that long positions keep their accuracy);
+// every layer then rotates its queries and keys with them and stores keys and values as f16 rows of the cache. (A
+// single token, decoding, is rotated and stored by the decode attention kernel itself.) Computed per forward pass
+// instead, the angles of a decoded token took a launch of 3.5 us at the head of every token (one thread block in
+// double precision, which the first layer waited for; H200, 8b Q4_K_M).
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
 #include "backend/gpu/rope.cuh"
@@ -11,14 +13,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void rope_table_kernel(const double* inverse_frequencies, int64_t pairs, const int32_t* step,
-                                  int64_t n_tokens, float* cos_sin) {
+__global__ void rope_table_kernel(const double* inverse_frequencies, int64_t pairs, int64_t positions,
+                                  float* cos_sin) {
   start_successor();
   wait_for_predecessor();
   const int64_t index = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (index >= n_tokens * pairs) return;
-  const int64_t t = index / pairs;
-  const double angle = static_cast<double>(step[0] + t) * inverse_frequencies[index % pairs];
+  if (index >= positions * pairs) return;
+  const double angle = static_cast<double>(index / pairs) * inverse_frequencies[index % pairs];
   cos_sin[2 * index] = static_cast<float>(cos(angle));
   cos_sin[2 * index + 1] = static_cast<float>(sin(angle));
 }
@@ -36,12 +37,13 @@ __global__ void rope_store_kernel(AttentionShape shape, float* q, float* k, cons
   const bool is_key = head >= shape.n_heads;
   const int64_t kv_head = head - shape.n_heads;
   float* row = is_key ? k + t * shape.kv_dim() + kv_head * shape.head_dim : q + t * shape.q_dim() + head * shape.head_dim;
-  const float value = d < shape.head_dim ? rotated(row, d, shape, cos_sin + 2 * t * shape.rope_pairs) : 0.0f;
+  const int64_t position = step[0] + t;
+  const float value = d < shape.head_dim ? rotated(row, d, shape, cos_sin + 2 * position * shape.rope_pairs) : 0.0f;
   __syncthreads();
   if (d >= shape.head_dim) return;
   row[d] = value;
   if (is_key) {
-    const int64_t cache = (step[0] + t) * shape.kv_dim() + kv_head * shape.head_dim + d;
+    const int64_t cache = position * shape.kv_dim() + kv_head * shape.head_dim + d;
     key_cache[cache] = float_to_half(value);
     value_cache[cache] = float_to_half(v[t * shape.kv_dim() + kv_head * shape.head_dim + d]);
   }
@@ -49,11 +51,11 @@ __global__ void rope_store_kernel(AttentionShape shape, float* q, float* k, cons
 
 }  // namespace
 
-void rope_table(const double* inverse_frequencies, int64_t pairs, const int32_t* step, int64_t n_tokens,
-                float* cos_sin, gpuStream_t stream) {
-  const auto blocks = static_cast<unsigned>((n_tokens * pairs + kThreads - 1) / kThreads);
-  launch_overlapped("rope_table", rope_table_kernel, blocks, kThreads, 0, stream, inverse_frequencies, pairs, step,
-                    n_tokens, cos_sin);
+void rope_table(const double* inverse_frequencies, int64_t pairs, int64_t positions, float* cos_sin,
+                gpuStream_t stream) {
+  const auto blocks = static_cast<unsigned>((positions * pairs + kThreads - 1) / kThreads);
+  launch_overlapped("rope_table", rope_table_kernel, blocks, kThreads, 0, stream, inverse_frequencies, pairs,
+                    positions, cos_sin);
 }
 
 void rope_and_store(const AttentionShape& shape, float* q, float* k, const float* v, const float* cos_sin,

@@ -216,7 +216,6 @@ struct Transformer::State {
 
   Stream stream;
   Products products;
-  DeviceBuffer inverse_frequencies;
   DeviceBuffer keys;    // [layer - first_layer][position][kv_dim] f16
   DeviceBuffer values;  // [layer - first_layer][position][kv_dim] f16
 
@@ -229,7 +228,7 @@ struct Transformer::State {
   ActivationRows attention_out;  // [n, q_dim]
   ActivationRows hidden;         // feed-forward gate, then silu(gate) * up [n, n_ff]
   DeviceBuffer up;               // feed-forward up [n, n_ff]
-  DeviceBuffer rope;             // (cos, sin) per token and dimension pair
+  DeviceBuffer rope;             // (cos, sin) per position of the context and dimension pair (rope_table)
   DeviceBuffer partials;         // split-K attention partial results and block counters (zeroed once)
   DeviceBuffer chain_arrivals;   // the product chains' grid barrier counter (zeroed once)
   DeviceBuffer logits_all;       // [rows, vocab], grown on demand
@@ -263,7 +262,7 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
       attention_out(max_batch, config.q_dim()),
       hidden(max_batch, config.n_ff),
       up(bytes_of_floats(max_batch * config.n_ff), "activations"),
-      rope(bytes_of_floats(max_batch * 2 * shape.rope_pairs), "rotary angles"),
+      rope(bytes_of_floats(context * 2 * shape.rope_pairs), "rotary angles"),
       partials(bytes_of_floats(attention_partials_floats(shape, context)), "attention partials"),
       chain_arrivals(sizeof(unsigned), "the product chains' counter"),
       step_device(static_cast<size_t>(1 + max_batch) * sizeof(int32_t), "the batch's tokens"),
@@ -274,12 +273,14 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
                                   ? reinterpret_cast<const float*>(plan.file().tensor_data(plan.rope_freqs().info()).data())
                                   : nullptr;
   const std::vector<double> inverse = cpu::rope_inverse_frequencies(config, freq_factors);
-  inverse_frequencies = DeviceBuffer(inverse.size() * sizeof(double), "rotary frequencies");
+  const DeviceBuffer inverse_frequencies(inverse.size() * sizeof(double), "rotary frequencies");
   check(gpuMemcpy(inverse_frequencies.data(), inverse.data(), inverse_frequencies.bytes(), gpuMemcpyHostToDevice),
         "uploading rotary frequencies");
+  rope_table(inverse_frequencies.as<double>(), shape.rope_pairs, context, rope.as<float>(), stream.get());
   // attention_decode counts finished blocks from zero and leaves the counters zeroed.
   check(gpuMemsetAsync(partials.data(), 0, partials.bytes(), stream.get()), "clearing the attention counters");
   check(gpuMemsetAsync(chain_arrivals.data(), 0, chain_arrivals.bytes(), stream.get()), "clearing the chains' counter");
+  stream.synchronize();  // the table is made before its frequencies go
 }
 
 template <typename Stage>
@@ -346,8 +347,7 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
     rmsnorm(in, f32(weight), rows, c.n_embd, c.rms_eps, normalized.output_for(consumer.type(), rows), s);
   };
 
-  // Each token's embedding row (or the residual stream the layers before first_layer made), and the rotation
-  // angles of its position.
+  // Each token's embedding row (or the residual stream the layers before first_layer made).
   if (first_layer == 0) {
     const DeviceMatrix embeddings = device_matrix(plan.token_embd());
     embed_tokens(embeddings.type, embeddings.view, c.n_embd, step, n, x.as<float>(), s);
@@ -355,7 +355,6 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
     check(gpuMemcpyAsync(x.data(), hidden_host.data(), bytes_of_floats(n * c.n_embd), gpuMemcpyHostToDevice, s),
           "copying the residual stream");
   }
-  rope_table(inverse_frequencies.as<double>(), shape.rope_pairs, step, n, rope.as<float>(), s);
 
   // Decoding in chains, the products after each attention are one launch that also makes the next layer's q, k
   // and v; the first layer's come before the loop.
