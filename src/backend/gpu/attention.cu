@@ -520,7 +520,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   // write).
   const int64_t positions = step[0] + 1;
   const int64_t newest = positions - 1;
-  const float* angles = cos_sin + 2 * newest * shape.rope_pairs;  // of the token's position
+  const float* angles = position_angles(cos_sin, newest, shape);
   const int64_t chunks = (positions + kAttentionChunk - 1) / kAttentionChunk;
   // A short context: block 0 of the part takes every chunk and writes the output itself (lone_block_chunks()).
   const bool lone = chunks <= lone_block_chunks<kValues>(parts_per_combine);

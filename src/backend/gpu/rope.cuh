@@ -8,6 +8,12 @@
 
 namespace rf::gpu {
 
+// The angles of `position` in a rope_table: its row of (cos, sin) per dimension pair.
+__device__ __forceinline__ const float* position_angles(const float* cos_sin, int64_t position,
+                                                        const AttentionShape& shape) {
+  return cos_sin + 2 * position * shape.rope_pairs;
+}
+
 // Value d of a head after rotation by the angles of one token (cos_sin: (cos, sin) per dimension pair); `head`
 // holds the head's values before rotation. Dimensions past the rotated pairs keep their value.
 __device__ __forceinline__ float rotated(const float* head, int64_t d, const AttentionShape& shape,
