@@ -14,21 +14,25 @@ __device__ __forceinline__ const float* position_angles(const float* cos_sin, in
   return cos_sin + 2 * position * shape.rope_pairs;
 }
 
-// Value d of a head after rotation by the angles of one token (cos_sin: (cos, sin) per dimension pair); `head`
-// holds the head's values before rotation. Dimensions past the rotated pairs keep their value.
-__device__ __forceinline__ float rotated(const float* head, int64_t d, const AttentionShape& shape,
-                                         const float* cos_sin) {
+// The (cos, sin) that rotate dimension d of a head by the angles of one token (cos_sin: (cos, sin) per dimension
+// pair); (1, 0) for dimensions past the rotated pairs, which keep their value.
+__device__ __forceinline__ float2 dimension_angle(const float* cos_sin, int64_t d, const AttentionShape& shape) {
+  const int64_t pairs = shape.rope_pairs;
+  if (d >= 2 * pairs) return make_float2(1.0f, 0.0f);
+  // Normal: pair i is (2i, 2i + 1). NeoX: pair i is (i, i + pairs).
+  const int64_t pair = shape.neox ? d % pairs : d / 2;
+  return make_float2(cos_sin[2 * pair], cos_sin[2 * pair + 1]);
+}
+
+// Value d of a head after rotation by `angle` (dimension_angle of d); `head` holds the head's values before rotation.
+__device__ __forceinline__ float rotated(const float* head, int64_t d, const AttentionShape& shape, float2 angle) {
   const float value = head[d];
   const int64_t pairs = shape.rope_pairs;
   if (d >= 2 * pairs) return value;
-  // Normal: pair i is (2i, 2i + 1). NeoX: pair i is (i, i + pairs).
-  const int64_t pair = shape.neox ? d % pairs : d / 2;
   const bool first = shape.neox ? d < pairs : d % 2 == 0;
   const int64_t partner = shape.neox ? (first ? d + pairs : d - pairs) : d ^ 1;
   const float other = head[partner];
-  const float c = cos_sin[2 * pair];
-  const float s = cos_sin[2 * pair + 1];
-  return first ? value * c - other * s : other * s + value * c;
+  return first ? value * angle.x - other * angle.y : other * angle.y + value * angle.x;
 }
 
 }  // namespace rf::gpu
