@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   // The angles of the thread's first query value (and of its key value: the same dimension) are asked for before the
   // wait too, as the table's row may have left the cache since the layer before read it. Measured on an H200,
   // decoding tg128 (-p 0) in three calls against reading them after the wait: 8b Q4_K_M 588.6-591.6 ->
-  // 590.9-594.3 tokens/s, 1b Q4_K_M 2031.6-2051.7 -> 2057.0-2069.9.
+  // 589.9-594.3 tokens/s, 1b Q4_K_M 2031.6-2051.7 -> 2057.0-2069.9.
   const int own_dim = static_cast<int>(threadIdx.x) % head_dim;
   const float2 own_angle = dimension_angle(angles, own_dim, shape);
   wait_for_predecessor();
