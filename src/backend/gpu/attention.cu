@@ -396,13 +396,13 @@ __device__ __forceinline__ void score_by_lanes(const float* queries, int heads, 
       const int64_t position = chunk * kAttentionChunk + team * Split::kPositionsPerTeam + first;
       if (position >= positions) break;  // the team's (and its later batches') positions are all past the end
       // The batch's positions that the context has (32-bit compares below).
-      const int present = static_cast<int>(min(positions - position, static_cast<int64_t>(Split::kBatch)));
+      const int in_context = static_cast<int>(min(positions - position, static_cast<int64_t>(Split::kBatch)));
       RowPart<kValues> key[Split::kBatch], value[Split::kBatch];
 #pragma unroll
       for (int u = 0; u < Split::kBatch; ++u) {
         const int64_t row = (position + u) * kv_dim + kv_head * head_dim;
-        key[u].load(keys + row, layout, u < present);
-        value[u].load(values + row, layout, u < present);
+        key[u].load(keys + row, layout, u < in_context);
+        value[u].load(values + row, layout, u < in_context);
       }
       // Scores: the lane's share of each dot product, summed over the lanes of its head, the batch's
       // positions side by side in each step of the exchange so that their shuffles overlap (a loop per
@@ -428,7 +428,7 @@ __device__ __forceinline__ void score_by_lanes(const float* queries, int heads, 
       float batch_maximum = -INFINITY;
 #pragma unroll
       for (int u = 0; u < Split::kBatch; ++u) {
-        if (u >= present) score[u] = -INFINITY;
+        if (u >= in_context) score[u] = -INFINITY;
         batch_maximum = fmaxf(batch_maximum, score[u]);
       }
       // The running softmax: the new maximum, the batch's weights under it, and the factor that brings what
