@@ -219,13 +219,14 @@ template <int kValues>
 struct RowPart {
   uint32_t pairs[kValues / 2];
 
-  // The row's values, or zeros where it is not `present`.
-  __device__ void load(const uint16_t* row, const TeamLayout& layout, bool present) {
+  // The row `offset` values after `rows` (an offset within a batch of rows: 32 bits, one multiply-add an address
+  // instead of 64-bit arithmetic for every row), or zeros where it is not `present`.
+  __device__ void load(const uint16_t* rows, int offset, const TeamLayout& layout, bool present) {
     if (layout.piece == 8) {
 #pragma unroll
       for (int j = 0; j < kValues / 8; ++j) {
         const int d = layout.dim(8 * j);
-        const int4 v = present && d < layout.head_dim ? load_16(row + d) : make_int4(0, 0, 0, 0);
+        const int4 v = present && d < layout.head_dim ? load_16(rows + (offset + d)) : make_int4(0, 0, 0, 0);
         pairs[4 * j] = v.x;
         pairs[4 * j + 1] = v.y;
         pairs[4 * j + 2] = v.z;
@@ -235,7 +236,7 @@ struct RowPart {
 #pragma unroll
       for (int j = 0; j < kValues / 2; ++j) {
         const int d = layout.dim(2 * j);
-        pairs[j] = present && d < layout.head_dim ? *reinterpret_cast<const uint32_t*>(row + d) : 0u;
+        pairs[j] = present && d < layout.head_dim ? *reinterpret_cast<const uint32_t*>(rows + (offset + d)) : 0u;
       }
     }
   }
@@ -375,13 +376,13 @@ __device__ __forceinline__ void score_on_tensor_cores(const float* queries, int 
 // A scoring team's softmax over its positions of the block's chunks, each lane holding kValues values of its head's
 // rows (TeamLayout), written to the merge buffers.
 template <int kValues>
-__device__ __forceinline__ void score_by_lanes(const float* queries, int heads, int head_dim, const uint16_t* keys,
-                                               const uint16_t* values, int64_t kv_dim, int64_t kv_head,
+__device__ __forceinline__ void score_by_lanes(const float* queries, int heads, const TeamLayout& layout,
+                                               const uint16_t* keys, const uint16_t* values, int kv_dim,
                                                int64_t positions, int64_t first_chunk, int64_t chunks,
                                                int64_t chunk_step, int team, int lane, float* merged_acc,
                                                float* maxima, float* sums) {
   using Split = DecodeSplit<kValues>;
-  const TeamLayout layout(head_dim, heads, lane);
+  const int head_dim = layout.head_dim;
   // The lane's values of its head's query (zero for lanes without a head).
   float query[kValues];
 #pragma unroll
@@ -398,11 +399,11 @@ __device__ __forceinline__ void score_by_lanes(const float* queries, int heads, 
       // The batch's positions that the context has (32-bit compares below).
       const int in_context = static_cast<int>(min(positions - position, static_cast<int64_t>(Split::kBatch)));
       RowPart<kValues> key[Split::kBatch], value[Split::kBatch];
+      const int64_t batch_row = position * kv_dim;
 #pragma unroll
       for (int u = 0; u < Split::kBatch; ++u) {
-        const int64_t row = (position + u) * kv_dim + kv_head * head_dim;
-        key[u].load(keys + row, layout, u < in_context);
-        value[u].load(values + row, layout, u < in_context);
+        key[u].load(keys + batch_row, u * kv_dim, layout, u < in_context);
+        value[u].load(values + batch_row, u * kv_dim, layout, u < in_context);
       }
       // Scores: the lane's share of each dot product, summed over the lanes of its head, the batch's
       // positions side by side in each step of the exchange so that their shuffles overlap (a loop per
@@ -563,6 +564,15 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   // 589.9-594.3 tokens/s, 1b Q4_K_M 2031.6-2051.7 -> 2057.0-2069.9.
   const int own_dim = static_cast<int>(threadIdx.x) % head_dim;
   const float2 own_angle = dimension_angle(angles, own_dim, shape);
+  // So is what needs no earlier kernel's results and would otherwise take integer divisions and loops after the
+  // wait: the thread's first query value's head, whether the block stores the newest position's key and value, and
+  // the lane's place in its team's rows. Measured on an H200 together with the rows' 32-bit offsets (RowPart::load),
+  // decoding tg128 (-p 0) in three rounds: 8b Q4_K_M 592.3-593.4 -> 598.3-600.6 tokens/s, 1b Q4_K_M 2055.9-2060.0 ->
+  // 2102.4-2114.1, 8b F16 241.6-242.4 -> 243.3-243.5 (ncu, a launch: 8b 12.0-12.6 -> 11.5-12.7 us and 283312 ->
+  // 275152 warp instructions, 1b 10.2-10.7 -> 9.7-10.3 us).
+  const int own_head = static_cast<int>(threadIdx.x) / head_dim;
+  const bool stores_newest = lone || block == (chunks - 1) % blocks;
+  const TeamLayout layout(head_dim, heads, lane);
   wait_for_predecessor();
   const int64_t stride = head_dim + 2;  // floats of one partial result
 
@@ -575,13 +585,15 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     // The part's queries, rotated and scaled. The block of each part whose chunks include the newest position also
     // puts its key (rotated) and value into the cache, where its scoring reads them; no other block reads that row,
     // and the parts of one kv head write the same bits.
-    for (int i = static_cast<int>(threadIdx.x); i < heads * head_dim; i += kDecodeThreads) {
-      const int d = i % head_dim;
-      const float2 angle = d == own_dim ? own_angle : dimension_angle(angles, d, shape);
-      queries[i] = rotated(q + (first_head + i / head_dim) * head_dim, d, shape, angle) * scale;
-    }
+    const auto rotate_query = [&](int i, int head, int d, float2 angle) {
+      queries[i] = rotated(q + (first_head + head) * head_dim, d, shape, angle) * scale;
+    };
+    if (static_cast<int>(threadIdx.x) < heads * head_dim)
+      rotate_query(static_cast<int>(threadIdx.x), own_head, own_dim, own_angle);
+    for (int i = static_cast<int>(threadIdx.x) + kDecodeThreads; i < heads * head_dim; i += kDecodeThreads)
+      rotate_query(i, i / head_dim, i % head_dim, dimension_angle(angles, i % head_dim, shape));
     // A head has at most kDecodeThreads values (kMaxHeadDim): thread d takes value d.
-    if ((lone || block == (chunks - 1) % blocks) && static_cast<int>(threadIdx.x) < head_dim) {
+    if (stores_newest && static_cast<int>(threadIdx.x) < head_dim) {
       const int d = static_cast<int>(threadIdx.x);
       const int64_t offset = kv_head * head_dim + d;
       keys[newest * kv_dim + offset] = float_to_half(rotated(k + kv_head * head_dim, d, shape, own_angle));
@@ -592,39 +604,38 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     if (team < Split::kScoringTeams) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
       if constexpr (kTensorCores)
-        score_on_tensor_cores<kTensorCoreHeadDim, 2>(queries, heads, lanes_per_head(heads), keys, values, kv_dim,
+        score_on_tensor_cores<kTensorCoreHeadDim, 2>(queries, heads, layout.lanes_per_head, keys, values, kv_dim,
                                                      kv_head, positions, first_chunk, chunks, chunk_step, team, lane,
                                                      merged_acc, maxima, sums);
       else
 #endif
-        score_by_lanes<kValues>(queries, heads, head_dim, keys, values, kv_dim, kv_head, positions, first_chunk,
-                                chunks, chunk_step, team, lane, merged_acc, maxima, sums);
+        score_by_lanes<kValues>(queries, heads, layout, keys + kv_head * head_dim, values + kv_head * head_dim,
+                                static_cast<int>(kv_dim), positions, first_chunk, chunks, chunk_step, team, lane,
+                                merged_acc, maxima, sums);
     }
     __syncthreads();
 
     // The block's partial per head: the teams' softmaxes brought to their common maximum and summed. A team
-    // without positions has maximum -inf and weighs nothing; the first team always has some.
-    for (int e = static_cast<int>(threadIdx.x); e < kTeam * kValues; e += kDecodeThreads) {
-      const int value_lane = e % kTeam;
-      const int i = e / kTeam;
-      const TeamLayout owner(head_dim, heads, value_lane);
-      const int d = owner.dim(i);
-      if (owner.slot >= heads || d >= head_dim) continue;
+    // without positions has maximum -inf and weighs nothing; the first team always has some. Thread (team, lane)
+    // takes values team, team + kDecodeTeams, ... of the lane's in the merge buffers: its own layout's.
+    for (int i = team; i < kValues; i += kDecodeTeams) {
+      const int d = layout.dim(i);
+      if (layout.slot >= heads || d >= head_dim) continue;
       float common = -INFINITY;
 #pragma unroll
-      for (int t = 0; t < Split::kScoringTeams; ++t) common = fmaxf(common, maxima[t * kTeam + value_lane]);
+      for (int t = 0; t < Split::kScoringTeams; ++t) common = fmaxf(common, maxima[t * kTeam + lane]);
       float value = 0.0f, total = 0.0f;
 #pragma unroll
       for (int t = 0; t < Split::kScoringTeams; ++t) {
-        const float factor = __expf(maxima[t * kTeam + value_lane] - common);
-        value += merged_acc[(t * kValues + i) * kTeam + value_lane] * factor;
-        total += sums[t * kTeam + value_lane] * factor;
+        const float factor = __expf(maxima[t * kTeam + lane] - common);
+        value += merged_acc[(t * kValues + i) * kTeam + lane] * factor;
+        total += sums[t * kTeam + lane] * factor;
       }
       if (lone) {
-        queries[owner.slot * head_dim + d] = value / total;
+        queries[layout.slot * head_dim + d] = value / total;
         continue;
       }
-      float* partial = partials + ((first_head + owner.slot) * blocks + block) * stride;
+      float* partial = partials + ((first_head + layout.slot) * blocks + block) * stride;
       partial[d] = value;
       if (d == 0) {
         partial[head_dim] = common;
