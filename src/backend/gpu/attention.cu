@@ -279,10 +279,10 @@ __device__ __forceinline__ uint32_t pack_halves(float low, float high) {
 // of tg128's) are in flight at once, and a step takes a few dozen instructions instead of a few hundred.
 template <int kHeadDim, int kChunksAtOnce>
 __device__ __forceinline__ void score_on_tensor_cores(const float* queries, int heads, int lanes_per_head,
-                                                      const uint16_t* keys, const uint16_t* values, int64_t kv_dim,
-                                                      int64_t kv_head, int64_t positions, int64_t first_chunk,
-                                                      int64_t chunks, int64_t chunk_step, int team, int lane,
-                                                      float* merged_acc, float* maxima, float* sums) {
+                                                      const uint16_t* keys, const uint16_t* values, int kv_dim,
+                                                      int64_t positions, int64_t first_chunk, int64_t chunks,
+                                                      int64_t chunk_step, int team, int lane, float* merged_acc,
+                                                      float* maxima, float* sums) {
   constexpr int kSteps = kHeadDim / 16;
   constexpr int kTiles = kHeadDim / 8;
   constexpr int kKeyLoads = kHeadDim / 32;
@@ -304,40 +304,41 @@ __device__ __forceinline__ void score_on_tensor_cores(const float* queries, int 
     }
   float acc[kTiles][4] = {};
   float maximum = -INFINITY, sum = 0.0f;
-  const int64_t head_offset = kv_head * kHeadDim;
+  // The lane's rows within a step's: 32-bit offsets from the step's first row (as RowPart::load).
+  const int key_offset = g * kv_dim + key_first;
+  const int value_offset = 2 * t * kv_dim + value_first;
   const int4 zero = make_int4(0, 0, 0, 0);
   for (int64_t chunk = first_chunk; chunk < chunks; chunk += chunk_step * kChunksAtOnce) {
     int4 key[kChunksAtOnce][kKeyLoads], value[kChunksAtOnce][2][kValueLoads];
-    int64_t first[kChunksAtOnce];
+    int in_context[kChunksAtOnce];  // the step's positions that the context has (32-bit compares below)
 #pragma unroll
     for (int c = 0; c < kChunksAtOnce; ++c) {
       const int64_t this_chunk = chunk + c * chunk_step;
-      first[c] = this_chunk < chunks ? this_chunk * kAttentionChunk + team * kPositions : positions;
-      const int64_t key_position = first[c] + g;
+      const int64_t first = this_chunk * kAttentionChunk + team * kPositions;
+      in_context[c] = this_chunk < chunks ? static_cast<int>(max(min(positions - first, int64_t{kPositions}), int64_t{0}))
+                                          : 0;
+      const uint16_t* key_rows = keys + first * kv_dim;
+      const uint16_t* value_rows = values + first * kv_dim;
 #pragma unroll
       for (int i = 0; i < kKeyLoads; ++i)
-        key[c][i] = key_position < positions ? load_16(keys + key_position * kv_dim + head_offset + key_first + 8 * i)
-                                             : zero;
+        key[c][i] = g < in_context[c] ? load_16(key_rows + (key_offset + 8 * i)) : zero;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t value_position = first[c] + 2 * t + r;
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int i = 0; i < kValueLoads; ++i)
-          value[c][r][i] = value_position < positions
-                               ? load_16(values + value_position * kv_dim + head_offset + value_first + 8 * i)
-                               : zero;
-      }
+          value[c][r][i] =
+              2 * t + r < in_context[c] ? load_16(value_rows + (value_offset + r * kv_dim + 8 * i)) : zero;
     }
 #pragma unroll
     for (int c = 0; c < kChunksAtOnce; ++c) {
-      if (first[c] >= positions) break;
+      if (in_context[c] == 0) break;
       float score[4] = {};
       const auto* key_words = reinterpret_cast<const uint32_t*>(key[c]);
 #pragma unroll
       for (int s = 0; s < kSteps; ++s)
         mma_m16n8k16(score, query[s][0], 0u, query[s][1], 0u, key_words[2 * s], key_words[2 * s + 1]);
-      const float s0 = first[c] + 2 * t < positions ? score[0] : -INFINITY;
-      const float s1 = first[c] + 2 * t + 1 < positions ? score[1] : -INFINITY;
+      const float s0 = 2 * t < in_context[c] ? score[0] : -INFINITY;
+      const float s1 = 2 * t + 1 < in_context[c] ? score[1] : -INFINITY;
       const float batch_maximum = quad_max(fmaxf(s0, s1));
       const float new_maximum = fmaxf(maximum, batch_maximum);
       const float rescale = __expf(maximum - new_maximum);
@@ -564,14 +565,16 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   // 589.9-594.3 tokens/s, 1b Q4_K_M 2031.6-2051.7 -> 2057.0-2069.9.
   const int own_dim = static_cast<int>(threadIdx.x) % head_dim;
   const float2 own_angle = dimension_angle(angles, own_dim, shape);
-  // So is what needs no earlier kernel's results and would otherwise take integer divisions and loops after the
-  // wait: the thread's first query value's head, whether the block stores the newest position's key and value, and
-  // the lane's place in its team's rows. Measured on an H200 together with the rows' 32-bit offsets (RowPart::load),
+  // So is what needs no earlier kernel's results and would otherwise take integer divisions, loops and 64-bit
+  // arithmetic after the wait: where the thread's first query value is and how it rotates, whether the block stores
+  // the newest position's key and value and where, and the lane's place in its team's rows. Measured on an H200 together with the rows' 32-bit offsets (RowPart::load),
   // decoding tg128 (-p 0) in three rounds: 8b Q4_K_M 592.3-593.4 -> 598.3-600.6 tokens/s, 1b Q4_K_M 2055.9-2060.0 ->
   // 2102.4-2114.1, 8b F16 241.6-242.4 -> 243.3-243.5 (ncu, a launch: 8b 12.0-12.6 -> 11.5-12.7 us and 283312 ->
   // 275152 warp instructions, 1b 10.2-10.7 -> 9.7-10.3 us).
-  const int own_head = static_cast<int>(threadIdx.x) / head_dim;
+  const DimensionRotation own_rotation = dimension_rotation(own_dim, shape, own_angle);
+  const float* own_query = q + (first_head + static_cast<int>(threadIdx.x) / head_dim) * head_dim;
   const bool stores_newest = lone || block == (chunks - 1) % blocks;
+  const int64_t newest_offset = newest * kv_dim + kv_head * head_dim + own_dim;
   const TeamLayout layout(head_dim, heads, lane);
   wait_for_predecessor();
   const int64_t stride = head_dim + 2;  // floats of one partial result
@@ -585,33 +588,34 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     // The part's queries, rotated and scaled. The block of each part whose chunks include the newest position also
     // puts its key (rotated) and value into the cache, where its scoring reads them; no other block reads that row,
     // and the parts of one kv head write the same bits.
-    const auto rotate_query = [&](int i, int head, int d, float2 angle) {
-      queries[i] = rotated(q + (first_head + head) * head_dim, d, shape, angle) * scale;
-    };
     if (static_cast<int>(threadIdx.x) < heads * head_dim)
-      rotate_query(static_cast<int>(threadIdx.x), own_head, own_dim, own_angle);
-    for (int i = static_cast<int>(threadIdx.x) + kDecodeThreads; i < heads * head_dim; i += kDecodeThreads)
-      rotate_query(i, i / head_dim, i % head_dim, dimension_angle(angles, i % head_dim, shape));
-    // A head has at most kDecodeThreads values (kMaxHeadDim): thread d takes value d.
+      queries[threadIdx.x] = rotated(own_query, own_rotation) * scale;
+    for (int i = static_cast<int>(threadIdx.x) + kDecodeThreads; i < heads * head_dim; i += kDecodeThreads) {
+      const int d = i % head_dim;
+      queries[i] = rotated(q + (first_head + i / head_dim) * head_dim,
+                           dimension_rotation(d, shape, dimension_angle(angles, d, shape))) *
+                   scale;
+    }
+    // A head has at most kDecodeThreads values (kMaxHeadDim): thread d takes value d (its own dimension).
     if (stores_newest && static_cast<int>(threadIdx.x) < head_dim) {
-      const int d = static_cast<int>(threadIdx.x);
-      const int64_t offset = kv_head * head_dim + d;
-      keys[newest * kv_dim + offset] = float_to_half(rotated(k + kv_head * head_dim, d, shape, own_angle));
-      values[newest * kv_dim + offset] = float_to_half(v[offset]);
+      keys[newest_offset] = float_to_half(rotated(k + kv_head * head_dim, own_rotation));
+      values[newest_offset] = float_to_half(v[kv_head * head_dim + own_dim]);
     }
     __syncthreads();
 
     if (team < Split::kScoringTeams) {
+      // The kv head's rows start here (the teams address them by 32-bit offsets).
+      const uint16_t* head_keys = keys + kv_head * head_dim;
+      const uint16_t* head_values = values + kv_head * head_dim;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
       if constexpr (kTensorCores)
-        score_on_tensor_cores<kTensorCoreHeadDim, 2>(queries, heads, layout.lanes_per_head, keys, values, kv_dim,
-                                                     kv_head, positions, first_chunk, chunks, chunk_step, team, lane,
-                                                     merged_acc, maxima, sums);
+        score_on_tensor_cores<kTensorCoreHeadDim, 2>(queries, heads, layout.lanes_per_head, head_keys, head_values,
+                                                     static_cast<int>(kv_dim), positions, first_chunk, chunks,
+                                                     chunk_step, team, lane, merged_acc, maxima, sums);
       else
 #endif
-        score_by_lanes<kValues>(queries, heads, layout, keys + kv_head * head_dim, values + kv_head * head_dim,
-                                static_cast<int>(kv_dim), positions, first_chunk, chunks, chunk_step, team, lane,
-                                merged_acc, maxima, sums);
+        score_by_lanes<kValues>(queries, heads, layout, head_keys, head_values, static_cast<int>(kv_dim), positions,
+                                first_chunk, chunks, chunk_step, team, lane, merged_acc, maxima, sums);
     }
     __syncthreads();
 

@@ -24,15 +24,24 @@ __device__ __forceinline__ float2 dimension_angle(const float* cos_sin, int64_t 
   return make_float2(cos_sin[2 * pair], cos_sin[2 * pair + 1]);
 }
 
-// Value d of a head after rotation by `angle` (dimension_angle of d); `head` holds the head's values before rotation.
-__device__ __forceinline__ float rotated(const float* head, int64_t d, const AttentionShape& shape, float2 angle) {
-  const float value = head[d];
+// How dimension d of a head rotates by `angle` (dimension_angle of d): to head[d] * self + head[partner] * other
+// (self 1 and other 0 past the rotated pairs). It depends on the dimension and the token's position only, so the
+// decode attention works it out before the head's values exist.
+struct DimensionRotation {
+  int64_t d, partner;
+  float self, other;
+};
+__device__ __forceinline__ DimensionRotation dimension_rotation(int64_t d, const AttentionShape& shape, float2 angle) {
   const int64_t pairs = shape.rope_pairs;
-  if (d >= 2 * pairs) return value;
+  if (d >= 2 * pairs) return {d, d, 1.0f, 0.0f};
   const bool first = shape.neox ? d < pairs : d % 2 == 0;
   const int64_t partner = shape.neox ? (first ? d + pairs : d - pairs) : d ^ 1;
-  const float other = head[partner];
-  return first ? value * angle.x - other * angle.y : other * angle.y + value * angle.x;
+  return {d, partner, angle.x, first ? -angle.y : angle.y};
+}
+
+// A head's value after `rotation`; `head` holds the head's values before rotation.
+__device__ __forceinline__ float rotated(const float* head, const DimensionRotation& rotation) {
+  return head[rotation.d] * rotation.self + head[rotation.partner] * rotation.other;
 }
 
 }  // namespace rf::gpu
