@@ -315,8 +315,8 @@ __device__ __forceinline__ void score_on_tensor_cores(const float* queries, int 
     for (int c = 0; c < kChunksAtOnce; ++c) {
       const int64_t this_chunk = chunk + c * chunk_step;
       const int64_t first = this_chunk * kAttentionChunk + team * kPositions;
-      in_context[c] = this_chunk < chunks ? static_cast<int>(max(min(positions - first, int64_t{kPositions}), int64_t{0}))
-                                          : 0;
+      const int64_t left = positions - first;
+      in_context[c] = this_chunk < chunks ? static_cast<int>(max(min(left, int64_t{kPositions}), int64_t{0})) : 0;
       const uint16_t* key_rows = keys + first * kv_dim;
       const uint16_t* value_rows = values + first * kv_dim;
 #pragma unroll
@@ -567,10 +567,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   const float2 own_angle = dimension_angle(angles, own_dim, shape);
   // So is what needs no earlier kernel's results and would otherwise take integer divisions, loops and 64-bit
   // arithmetic after the wait: where the thread's first query value is and how it rotates, whether the block stores
-  // the newest position's key and value and where, and the lane's place in its team's rows. Measured on an H200 together with the rows' 32-bit offsets (RowPart::load),
-  // decoding tg128 (-p 0) in three rounds: 8b Q4_K_M 592.3-593.4 -> 598.3-600.6 tokens/s, 1b Q4_K_M 2055.9-2060.0 ->
-  // 2102.4-2114.1, 8b F16 241.6-242.4 -> 243.3-243.5 (ncu, a launch: 8b 12.0-12.6 -> 11.5-12.7 us and 283312 ->
-  // 275152 warp instructions, 1b 10.2-10.7 -> 9.7-10.3 us).
+  // the newest position's key and value and where, and the lane's place in its team's rows. Measured on an H200,
+  // decoding tg128 (-p 0) in three rounds, the layout, the head and the store's flag before the wait together with
+  // the rows' 32-bit offsets (RowPart::load): 8b Q4_K_M 592.3-593.4 -> 598.3-600.6 tokens/s, 1b Q4_K_M
+  // 2055.9-2060.0 -> 2102.4-2114.1, 8b F16 241.6-242.4 -> 243.3-243.5 (ncu, a launch: 8b 12.0-12.6 -> 11.5-12.7 us
+  // and 283312 -> 275152 warp instructions, 1b 10.2-10.7 -> 9.7-10.3 us); then the rotation and the newest row's
+  // place before the wait too, with the tensor-core scoring's offsets: 8b 601.4-603.5 -> 602.3-604.5, 1b
+  // 2105.9-2113.6 -> 2109.4-2116.3, F16 unchanged (245.9-246.2 against 245.4-246.2).
   const DimensionRotation own_rotation = dimension_rotation(own_dim, shape, own_angle);
   const float* own_query = q + (first_head + static_cast<int>(threadIdx.x) / head_dim) * head_dim;
   const bool stores_newest = lone || block == (chunks - 1) % blocks;

@@ -39,7 +39,8 @@ __global__ void rope_store_kernel(AttentionShape shape, float* q, float* k, cons
   float* row = is_key ? k + t * shape.kv_dim() + kv_head * shape.head_dim : q + t * shape.q_dim() + head * shape.head_dim;
   const int64_t position = step[0] + t;
   const float* angles = position_angles(cos_sin, position, shape);
-  const float value = d < shape.head_dim ? rotated(row, dimension_rotation(d, shape, dimension_angle(angles, d, shape))) : 0.0f;
+  const float value =
+      d < shape.head_dim ? rotated(row, dimension_rotation(d, shape, dimension_angle(angles, d, shape))) : 0.0f;
   __syncthreads();
   if (d >= shape.head_dim) return;
   row[d] = value;
