@@ -590,7 +590,15 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   if (first_chunk < chunks) {
     // The part's queries, rotated and scaled. The block of each part whose chunks include the newest position also
     // puts its key (rotated) and value into the cache, where its scoring reads them; no other block reads that row,
-    // and the parts of one kv head write the same bits.
+    // and the parts of one kv head write the same bits. A head has at most kDecodeThreads values (kMaxHeadDim):
+    // thread d takes value d of the key and the value (its own dimension), which it reads before it stores
+    // anything, so that those reads and the queries' go out together rather than one round trip after the other.
+    // Measured on an H200, decoding tg128 (-p 0) in three rounds against reading them after the queries' stores: 8b
+    // Q4_K_M 601.7-602.2 -> 604.5-605.4 tokens/s, 1b Q4_K_M 2108.4-2117.6 -> 2143.7-2149.6, 8b F16 243.0-243.3 ->
+    // 242.8-243.8 (ncu, a launch: 8b 12.0-12.5 -> 11.2-11.9 us, 1b 9.8-10.3 -> 9.1-9.6 us).
+    const bool stores_row = stores_newest && static_cast<int>(threadIdx.x) < head_dim;
+    const float newest_key = stores_row ? rotated(k + kv_head * head_dim, own_rotation) : 0.0f;
+    const float newest_value = stores_row ? v[kv_head * head_dim + own_dim] : 0.0f;
     if (static_cast<int>(threadIdx.x) < heads * head_dim)
       queries[threadIdx.x] = rotated(own_query, own_rotation) * scale;
     for (int i = static_cast<int>(threadIdx.x) + kDecodeThreads; i < heads * head_dim; i += kDecodeThreads) {
@@ -599,10 +607,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
                            dimension_rotation(d, shape, dimension_angle(angles, d, shape))) *
                    scale;
     }
-    // A head has at most kDecodeThreads values (kMaxHeadDim): thread d takes value d (its own dimension).
-    if (stores_newest && static_cast<int>(threadIdx.x) < head_dim) {
-      keys[newest_offset] = float_to_half(rotated(k + kv_head * head_dim, own_rotation));
-      values[newest_offset] = float_to_half(v[kv_head * head_dim + own_dim]);
+    if (stores_row) {
+      keys[newest_offset] = float_to_half(newest_key);
+      values[newest_offset] = float_to_half(newest_value);
     }
     __syncthreads();
 
