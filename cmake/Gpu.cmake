@@ -6,7 +6,8 @@
 #         linked statically, cuBLAS opened at run time by the first prompt GEMM.
 #   hip:  the .cu files are compiled by hipcc as HIP (-x hip) for ROCMFORGE_HIP_ARCHITECTURES (default gfx90a
 #         and gfx1030, plus gfx1100 and gfx942 where the toolchain knows them), through custom commands:
-#         the CMake HIP language of CMake < 3.28 cannot find Debian's ROCm layout.
+#         the CMake HIP language of CMake < 3.28 cannot find Debian's ROCm layout. hipBLAS is linked where
+#         CMake finds it.
 set(ROCMFORGE_GPU_BACKEND off)
 find_program(ROCMFORGE_HIPCC hipcc)
 if(ROCMFORGE_GPU STREQUAL "auto")
@@ -103,6 +104,16 @@ function(rocmforge_gpu_module)
     add_library(rf_backend_gpu STATIC ${host_sources} ${objects})
     target_compile_definitions(rf_backend_gpu PUBLIC ROCMFORGE_GPU_HIP)
     target_link_libraries(rf_backend_gpu PUBLIC hip::host)
+    # Prompt GEMMs through hipBLAS where this ROCm has it (Debian's ROCm 5.2 has not: products.h says what runs
+    # instead). -DCMAKE_DISABLE_FIND_PACKAGE_hipblas=ON leaves it out.
+    find_package(hipblas CONFIG QUIET PATHS /opt/rocm)
+    if(hipblas_FOUND)
+      target_compile_definitions(rf_backend_gpu PUBLIC ROCMFORGE_HIPBLAS)
+      target_link_libraries(rf_backend_gpu PUBLIC roc::hipblas)
+      message(STATUS "ROCmForge prompt GEMMs: hipBLAS ${hipblas_VERSION}")
+    else()
+      message(STATUS "ROCmForge prompt GEMMs: matrix-vector passes (no hipBLAS found)")
+    endif()
   endif()
   target_include_directories(rf_backend_gpu PUBLIC ${CMAKE_SOURCE_DIR}/src)
   target_link_libraries(rf_backend_gpu PUBLIC rf_options ${ARG_DEPS})

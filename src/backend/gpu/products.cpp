@@ -4,9 +4,15 @@
 #include <string>
 #include <vector>
 
-#if !defined(ROCMFORGE_GPU_HIP)
+#if defined(ROCMFORGE_GPU_CUDA)
 #include <cublas_v2.h>
 #include <dlfcn.h>
+#elif defined(ROCMFORGE_HIPBLAS)
+#include <hip/hip_version.h>
+#if HIP_VERSION_MAJOR >= 6
+#define HIPBLAS_V2  // hipblasGemmEx with hipDataType and hipblasComputeType_t (ROCm 6's opt-in, ROCm 7's only form)
+#endif
+#include <hipblas/hipblas.h>
 #endif
 
 #include "util/error.h"
@@ -83,9 +89,7 @@ ProductInput ActivationRows::input_for(const DeviceMatrix& weight, int64_t n, bo
   return input;
 }
 
-#if defined(ROCMFORGE_GPU_HIP)
-Products::Products(int64_t) {}
-#else
+#if defined(ROCMFORGE_GPU_CUDA)
 // cuBLAS is opened when the first prompt GEMM needs it rather than linked: loading it relocates some 200 MB
 // of tables, which every process would pay at start, `rocmforge inspect` and CPU-only runs included.
 struct Products::Blas {
@@ -122,9 +126,57 @@ struct Products::Blas {
     if (!address) fail("cuBLAS lacks {}", name);
     return reinterpret_cast<Function>(address);
   }
-};
 
+  // Column-major c (m x n, leading dimension ldc) = a^T b + beta c, with a (k x m) and b (k x n) f16 and c f32,
+  // summed in f32.
+  void multiply_transposed(int m, int n, int k, const void* a, const void* b, float* c, int ldc, float beta,
+                           gpuStream_t stream) {
+    if (set_stream(handle, stream) != CUBLAS_STATUS_SUCCESS) fail("cublasSetStream failed");
+    const float alpha = 1.0f;
+    const cublasStatus_t status = gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_16F, k, b,
+                                          CUDA_R_16F, k, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT);
+    if (status != CUBLAS_STATUS_SUCCESS) fail("cublasGemmEx failed ({})", static_cast<int>(status));
+  }
+};
+#elif defined(ROCMFORGE_HIPBLAS)
+// hipBLAS is linked (CMake found it): its GEMM's symbol and types differ between ROCm releases, which the header
+// settles at compile time.
+struct Products::Blas {
+#if HIP_VERSION_MAJOR >= 6
+  static constexpr hipDataType kHalf = HIP_R_16F;
+  static constexpr hipDataType kFloat = HIP_R_32F;
+  static constexpr hipblasComputeType_t kCompute = HIPBLAS_COMPUTE_32F;
+#else
+  static constexpr hipblasDatatype_t kHalf = HIPBLAS_R_16F;
+  static constexpr hipblasDatatype_t kFloat = HIPBLAS_R_32F;
+  static constexpr hipblasDatatype_t kCompute = HIPBLAS_R_32F;
+#endif
+  hipblasHandle_t handle = nullptr;
+
+  Blas() {
+    if (hipblasCreate(&handle) != HIPBLAS_STATUS_SUCCESS) fail("cannot initialize hipBLAS");
+  }
+  ~Blas() { hipblasDestroy(handle); }
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  // As cuBLAS's above.
+  void multiply_transposed(int m, int n, int k, const void* a, const void* b, float* c, int ldc, float beta,
+                           gpuStream_t stream) {
+    if (hipblasSetStream(handle, stream) != HIPBLAS_STATUS_SUCCESS) fail("hipblasSetStream failed");
+    const float alpha = 1.0f;
+    const hipblasStatus_t status = hipblasGemmEx(handle, HIPBLAS_OP_T, HIPBLAS_OP_N, m, n, k, &alpha, a, kHalf, k, b,
+                                                 kHalf, k, &beta, c, kFloat, ldc, kCompute, HIPBLAS_GEMM_DEFAULT);
+    if (status != HIPBLAS_STATUS_SUCCESS) fail("hipblasGemmEx failed ({})", static_cast<int>(status));
+  }
+};
+#endif
+
+#if ROCMFORGE_GPU_BLAS
 Products::Products(int64_t scratch_elements) : scratch_elements_(scratch_elements) {}
+#else
+Products::Products(int64_t) {}
 #endif
 
 Products::~Products() = default;
@@ -134,7 +186,7 @@ void Products::multiply(std::span<const Target> targets, ActivationRows& x, int6
   for (const Target& target : targets)
     if (x.cols() != target.weight.cols)
       fail("product: activation rows have {} values, the weight rows {}", x.cols(), target.weight.cols);
-#if !defined(ROCMFORGE_GPU_HIP)
+#if ROCMFORGE_GPU_BLAS
   if (runs_as_gemm(n)) {
     for (const Target& target : targets)
       gemm(target.weight, x.input_for(target.weight, n, true, stream), n, target.y, accumulate, stream);
@@ -173,17 +225,15 @@ void Products::multiply(std::span<const Target> targets, ActivationRows& x, int6
   }
 }
 
-#if !defined(ROCMFORGE_GPU_HIP)
+#if ROCMFORGE_GPU_BLAS
 void Products::gemm(const DeviceMatrix& weight, const ProductInput& x, int64_t n, float* y, bool accumulate,
                     gpuStream_t stream) {
   if (!blas_) blas_ = std::make_unique<Blas>();
-  if (blas_->set_stream(blas_->handle, stream) != CUBLAS_STATUS_SUCCESS) fail("cublasSetStream failed");
   const bool stored_f16 = weight.type == TensorType::F16;
-  const int64_t tile_rows = stored_f16 ? weight.rows : std::max<int64_t>(1, std::min(weight.rows, scratch_elements_ / weight.cols));
+  const int64_t tile_rows =
+      stored_f16 ? weight.rows : std::max<int64_t>(1, std::min(weight.rows, scratch_elements_ / weight.cols));
   if (!stored_f16 && !scratch_.data())
     scratch_ = DeviceBuffer(static_cast<size_t>(scratch_elements_) * sizeof(uint16_t), "the dequantization scratch");
-  const float alpha = 1.0f;
-  const float beta = accumulate ? 1.0f : 0.0f;
   for (int64_t first = 0; first < weight.rows; first += tile_rows) {
     const int64_t rows = std::min(tile_rows, weight.rows - first);
     const void* tile = weight.view.blocks + first * weight.cols * 2;
@@ -192,12 +242,8 @@ void Products::gemm(const DeviceMatrix& weight, const ProductInput& x, int64_t n
       tile = scratch_.data();
     }
     // Column-major view: Y^T (rows x n, leading dimension weight.rows) = W_tile (rows x cols) * X^T (cols x n).
-    const cublasStatus_t status = blas_->gemm_ex(
-        blas_->handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
-        static_cast<int>(weight.cols), &alpha, tile, CUDA_R_16F, static_cast<int>(weight.cols), x.f16, CUDA_R_16F,
-        static_cast<int>(weight.cols), &beta, y + first, CUDA_R_32F, static_cast<int>(weight.rows), CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT);
-    if (status != CUBLAS_STATUS_SUCCESS) fail("cublasGemmEx failed ({})", static_cast<int>(status));
+    blas_->multiply_transposed(static_cast<int>(rows), static_cast<int>(n), static_cast<int>(weight.cols), tile, x.f16,
+                               y + first, static_cast<int>(weight.rows), accumulate ? 1.0f : 0.0f, stream);
   }
 }
 #endif

@@ -2,8 +2,8 @@
 // rows run as one matrix-vector pass over the stored weights (decoding). Larger batches (prompts) run on the
 // tensor cores through cuBLAS: the weight is dequantized to f16, a tile of rows at a time, into a scratch
 // buffer that every matrix reuses, and multiplied with the f16 form of the activations, accumulating in f32.
-// Without a BLAS (the HIP build: Debian's ROCm has no hipBLAS) large batches run as matrix-vector passes of
-// kMaxMatvecBatch rows.
+// On AMD the same runs through hipBLAS where CMake found it (ROCMFORGE_HIPBLAS; Debian's ROCm has none); without
+// it large batches run as matrix-vector passes of kMaxMatvecBatch rows.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -60,15 +60,15 @@ class ActivationRows {
   ActivationBlocks half_blocks_ = ActivationBlocks::None;  // what the f16 form holds: x, or its 8-bit form
 };
 
-// Whether a product of n activation rows runs as a GEMM on the tensor cores (else as matrix-vector passes).
-constexpr bool runs_as_gemm(int64_t n) {
-#if defined(ROCMFORGE_GPU_HIP)
-  (void)n;
-  return false;  // no BLAS
+// Whether this build has a BLAS for prompts: cuBLAS, or hipBLAS where CMake found it.
+#if defined(ROCMFORGE_GPU_CUDA) || defined(ROCMFORGE_HIPBLAS)
+#define ROCMFORGE_GPU_BLAS 1
 #else
-  return n > kMaxMatvecBatch;
+#define ROCMFORGE_GPU_BLAS 0
 #endif
-}
+
+// Whether a product of n activation rows runs as a GEMM on the tensor cores (else as matrix-vector passes).
+constexpr bool runs_as_gemm(int64_t n) { return ROCMFORGE_GPU_BLAS && n > kMaxMatvecBatch; }
 
 class Products {
  public:
@@ -89,7 +89,7 @@ class Products {
   void multiply(std::span<const Target> targets, ActivationRows& x, int64_t n, bool accumulate, gpuStream_t stream);
 
  private:
-#if !defined(ROCMFORGE_GPU_HIP)
+#if ROCMFORGE_GPU_BLAS
   struct Blas;
   void gemm(const DeviceMatrix& weight, const ProductInput& x, int64_t n, float* y, bool accumulate,
             gpuStream_t stream);
