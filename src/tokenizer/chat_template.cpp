@@ -9,7 +9,7 @@ namespace rf {
 
 namespace {
 
-constexpr std::array<std::pair<std::string_view, ChatTemplate>, 18> kNames = {{
+constexpr std::array<std::pair<std::string_view, ChatTemplate>, 22> kNames = {{
     {"chatml", ChatTemplate::ChatML},
     {"llama2", ChatTemplate::Llama2},
     {"llama2-sys", ChatTemplate::Llama2Sys},
@@ -22,10 +22,14 @@ constexpr std::array<std::pair<std::string_view, ChatTemplate>, 18> kNames = {{
     {"mistral-v7", ChatTemplate::MistralV7},
     {"phi3", ChatTemplate::Phi3},
     {"phi4", ChatTemplate::Phi4},
+    {"falcon3", ChatTemplate::Falcon3},
     {"zephyr", ChatTemplate::Zephyr},
     {"gemma", ChatTemplate::Gemma},
     {"command-r", ChatTemplate::CommandR},
     {"deepseek3", ChatTemplate::DeepSeek3},
+    {"chatglm3", ChatTemplate::ChatGLM3},
+    {"chatglm4", ChatTemplate::ChatGLM4},
+    {"glmedge", ChatTemplate::GLMEdge},
     {"vicuna", ChatTemplate::Vicuna},
     {"vicuna-orca", ChatTemplate::VicunaOrca},
 }};
@@ -146,11 +150,13 @@ std::string render_gemma(std::span<const ChatMessage> messages, bool add_generat
       system_prompt += trim(message.content);
       continue;
     }
-    const bool is_model = message.role == "assistant";
+    // As llama.cpp: the role as written, "model" for "assistant"; the system text goes to the first turn that
+    // is not the model's.
+    const std::string_view role = message.role == "assistant" ? "model" : std::string_view(message.role);
     out += "<start_of_turn>";
-    out += is_model ? std::string_view("model") : std::string_view(message.role);
+    out += role;
     out += "\n";
-    if (!system_prompt.empty() && !is_model) {
+    if (!system_prompt.empty() && role != "model") {
       out += system_prompt + "\n\n";
       system_prompt.clear();
     }
@@ -250,6 +256,14 @@ ChatTemplate detect_chat_template(std::string_view jinja_or_name) {
     return ChatTemplate::Llama2;
   }
   if (contains("<|assistant|>") && contains("<|end|>")) return ChatTemplate::Phi3;
+  // GLM-4 templates also hold <|user|> and <|assistant|>: [gMASK]<sop> is tested before GLM-Edge's markers.
+  if (contains("[gMASK]<sop>")) return ChatTemplate::ChatGLM4;
+  // llama.cpp's GLM-Edge test takes any template with <|user|> and <|assistant|> left here, Zephyr templates
+  // that write out <|assistant|> included; one with </s> is Falcon 3.
+  if (contains("<|assistant|>") && contains("<|user|>")) {
+    return contains("</s>") ? ChatTemplate::Falcon3 : ChatTemplate::GLMEdge;
+  }
+  if (contains("<|{{ item['role'] }}|>") && contains("<|begin_of_image|>")) return ChatTemplate::GLMEdge;
   if (contains("<|user|>") && contains("<|endoftext|>")) return ChatTemplate::Zephyr;
   if (contains("<start_of_turn>")) return ChatTemplate::Gemma;
   if (contains("USER: ") && contains("ASSISTANT: ")) {
@@ -257,6 +271,7 @@ ChatTemplate detect_chat_template(std::string_view jinja_or_name) {
   }
   if (contains("<|START_OF_TURN_TOKEN|>") && contains("<|USER_TOKEN|>")) return ChatTemplate::CommandR;
   if (contains("<|start_header_id|>") && contains("<|end_header_id|>")) return ChatTemplate::Llama3;
+  if (contains("[gMASK]sop")) return ChatTemplate::ChatGLM3;  // chatglm3-6b; late, as in llama.cpp
   if (contains("<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>") && contains("<\xEF\xBD\x9CUser\xEF\xBD\x9C>")) {
     return ChatTemplate::DeepSeek3;
   }
@@ -279,6 +294,17 @@ std::string apply_chat_template(ChatTemplate chat_template, std::span<const Chat
       return render_role_tagged(messages, add_generation_prompt, "<|", "|>\n", "<|end|>\n");
     case ChatTemplate::Zephyr:
       return render_role_tagged(messages, add_generation_prompt, "<|", "|>\n", "<|endoftext|>\n");
+    case ChatTemplate::Falcon3:
+      return render_role_tagged(messages, add_generation_prompt, "<|", "|>\n", "\n");
+    // The GLM turns have no end marker (the next role tag ends a turn); their generation prompts differ from
+    // the role tags: no "\n " after <|assistant|> for ChatGLM3 and GLM-Edge, "\n" for ChatGLM4.
+    case ChatTemplate::ChatGLM3:
+      return "[gMASK]sop" + render_role_tagged(messages, false, "<|", "|>\n ", "") +
+             (add_generation_prompt ? "<|assistant|>" : "");
+    case ChatTemplate::ChatGLM4:
+      return "[gMASK]<sop>" + render_role_tagged(messages, add_generation_prompt, "<|", "|>\n", "");
+    case ChatTemplate::GLMEdge:
+      return render_role_tagged(messages, false, "<|", "|>\n", "") + (add_generation_prompt ? "<|assistant|>" : "");
     case ChatTemplate::Llama2:
     case ChatTemplate::Llama2Sys:
     case ChatTemplate::Llama2SysBos:

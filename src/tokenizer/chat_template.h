@@ -20,12 +20,16 @@ enum class ChatTemplate {
   Llama2SysBos,    // ... and <s> before each later [INST]
   Llama2SysStrip,  // ... with messages stripped of surrounding whitespace
   Llama3,          // <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
+  ChatGLM3,        // [gMASK]sop<|role|>\n ... (no end marker), then <|assistant|>
+  ChatGLM4,        // [gMASK]<sop><|role|>\n... (no end marker), then <|assistant|>\n
+  GLMEdge,         // <|role|>\n... (no end marker), then <|assistant|>
   MistralV1,       // " [INST] ... [/INST] answer</s>"
   MistralV3,       // "[INST] ... [/INST] answer</s>"
   MistralV3Tekken, // "[INST]...[/INST]answer</s>"
   MistralV7,       // [SYSTEM_PROMPT] ... [/SYSTEM_PROMPT][INST] ... [/INST] answer</s>
   Phi3,            // <|role|>\n...<|end|>\n
   Phi4,            // <|im_start|>role<|im_sep|>...<|im_end|>
+  Falcon3,         // <|role|>\n...\n
   Zephyr,          // <|role|>\n...<|endoftext|>\n
   Gemma,           // <start_of_turn>user\n...<end_of_turn>\n, "model" for the assistant, no system role
   CommandR,        // <|START_OF_TURN_TOKEN|><|USER_TOKEN|>...<|END_OF_TURN_TOKEN|>
@@ -35,7 +39,7 @@ enum class ChatTemplate {
 };
 
 // The template named `name` as in llama.cpp ("chatml", "llama2", "llama2-sys", "llama3", "mistral-v7", "phi3",
-// "zephyr", "gemma"...). An unknown name is an rf::Error that lists the known ones.
+// "zephyr", "gemma", "chatglm4"...). An unknown name is an rf::Error that lists the known ones.
 ChatTemplate chat_template_from_name(std::string_view name);
 std::string_view chat_template_name(ChatTemplate chat_template);
 
