@@ -12,6 +12,7 @@
 
 #include "gguf/gguf.h"
 #include "gguf/writer.h"
+#include "quant/quant.h"
 #include "test_paths.h"
 
 namespace rf::test {
@@ -35,25 +36,43 @@ struct ModelEdits {
     tensors = std::move(edit);
     return *this;
   }
+  // Every tensor stored as F32, its values dequantized: the model as the reference computed it, without
+  // the 8-bit activations that quantized products use.
+  ModelEdits& dequantize_all() {
+    to_f32 = true;
+    return *this;
+  }
 
   Edit keys = [](gguf::Writer&) {};
   std::set<std::string> dropped;
   Edit tensors = [](gguf::Writer&) {};
+  bool to_f32 = false;
 };
 
 // A temporary GGUF file, deleted with the object.
 class TempModel {
  public:
+  // `model`: a shared model's name (shared_model), or a path ending in .gguf.
   TempModel(const std::string& model, const ModelEdits& edits) {
     static int counter = 0;
     path_ = ::testing::TempDir() + "rf_model_variant_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) +
             ".gguf";
-    const std::shared_ptr<const gguf::File> source = gguf::File::open(shared_model(model));
+    const std::shared_ptr<const gguf::File> source =
+        gguf::File::open(model.ends_with(".gguf") ? model : shared_model(model));
     gguf::Writer writer;
     for (const gguf::KeyValue& kv : source->metadata()) writer.set_value(kv.key, kv.value);
     edits.keys(writer);
     for (const gguf::TensorInfo& info : source->tensors()) {
       if (edits.dropped.contains(std::string(info.name))) continue;
+      if (edits.to_f32) {
+        writer.add_tensor(std::string(info.name), TensorType::F32, info.shape(), [source, &info](const gguf::ByteSink& sink) {
+          std::vector<float> values(info.elements());
+          quant::dequantize(info.type(), source->tensor_data(info).data(), values.data(),
+                            static_cast<int64_t>(values.size()));
+          sink({reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(float)});
+        });
+        continue;
+      }
       writer.add_tensor(std::string(info.name), info.type(), info.shape(),
                         [source, &info](const gguf::ByteSink& sink) { sink(source->tensor_data(info)); });
     }

@@ -18,7 +18,8 @@
 namespace rf::test {
 
 struct Reference {
-  std::string model;
+  std::string model;       // the file name
+  std::string model_path;  // where it is: models/ beside the reference folder
   std::vector<int32_t> prompt_tokens;
   std::vector<int32_t> greedy_tokens;
   int64_t n_vocab = 0;
@@ -30,11 +31,14 @@ struct Reference {
   }
 };
 
+// `json_name`: a reference's path under ../shared, as reference_files() gives it.
 inline Reference read_reference(const std::string& json_name) {
-  const std::string dir = shared_path("reference/");
-  const nlohmann::json json = nlohmann::json::parse(std::ifstream(dir + json_name));
+  const std::filesystem::path json_path = shared_path(json_name);
+  const std::string dir = json_path.parent_path().string() + "/";
+  const nlohmann::json json = nlohmann::json::parse(std::ifstream(json_path));
   Reference ref;
   ref.model = json.at("model").get<std::string>();
+  ref.model_path = (json_path.parent_path().parent_path() / "models" / ref.model).string();
   ref.prompt_tokens = json.at("prompt_tokens").get<std::vector<int32_t>>();
   ref.greedy_tokens = json.at("greedy_tokens").get<std::vector<int32_t>>();
   ref.n_vocab = json.at("n_vocab").get<int64_t>();
@@ -46,13 +50,16 @@ inline Reference read_reference(const std::string& json_name) {
   return ref;
 }
 
-// The json files of ../shared/reference, sorted (empty when the folder is missing).
+// The json files of ../shared/reference (llama) and ../shared/arch/reference (the other architectures) as paths
+// under ../shared, sorted (none from a folder that is missing).
 inline std::vector<std::string> reference_files() {
   std::vector<std::string> names;
-  const std::filesystem::path dir = shared_path("reference");
-  if (!std::filesystem::is_directory(dir)) return names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir))
-    if (entry.path().extension() == ".json") names.push_back(entry.path().filename().string());
+  for (const std::string folder : {"reference", "arch/reference"}) {
+    const std::filesystem::path dir = shared_path(folder);
+    if (!std::filesystem::is_directory(dir)) continue;
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+      if (entry.path().extension() == ".json") names.push_back(folder + "/" + entry.path().filename().string());
+  }
   std::sort(names.begin(), names.end());
   return names;
 }

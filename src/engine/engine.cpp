@@ -17,17 +17,6 @@
 
 namespace rf::engine {
 
-// What the engine asks of a forward pass. cpu::Transformer and gpu::Transformer share one interface, so one
-// adapter (TransformerBackend) serves both.
-class Backend {
- public:
-  virtual ~Backend() = default;
-  // As Transformer::forward; `all_logits`: the logits of every token, else of the last.
-  virtual std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, bool all_logits) = 0;
-  virtual void truncate(int64_t positions) = 0;
-  virtual int64_t context() const = 0;
-};
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -40,38 +29,20 @@ uint64_t physical_memory_bytes() {
   return pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : 0;
 }
 
-// `Logits` is the backend's enum of which logits forward() returns.
-template <typename Transformer, typename Logits, typename Options>
-class TransformerBackend final : public Backend {
- public:
-  TransformerBackend(const model::ExecutionPlan& plan, const Options& options) : transformer_(plan, options) {}
-  std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, bool all_logits) override {
-    return transformer_.forward(tokens, position, all_logits ? Logits::All : Logits::Last);
-  }
-  void truncate(int64_t positions) override { transformer_.truncate(positions); }
-  int64_t context() const override { return transformer_.context(); }
-  Transformer& transformer() { return transformer_; }
-
- private:
-  Transformer transformer_;
-};
-
-using CpuBackend = TransformerBackend<cpu::Transformer, cpu::Logits, cpu::TransformerOptions>;
 #if ROCMFORGE_HAVE_GPU
-using GpuBackend = TransformerBackend<gpu::Transformer, gpu::Logits, gpu::TransformerOptions>;
-
 // The first layers on the CPU, the later ones and the output on the GPU (a model larger than device memory):
 // each pass hands the residual stream (n_embd floats a token) from the one to the other once.
-class SplitBackend final : public Backend {
+class SplitForwardPass final : public model::ForwardPass {
  public:
   // `cpu_options` get the GPU part's context, so that both caches hold the same positions.
-  SplitBackend(const model::ExecutionPlan& cpu_plan, cpu::TransformerOptions cpu_options,
-               const model::ExecutionPlan& gpu_plan, const gpu::TransformerOptions& gpu_options)
+  SplitForwardPass(const model::ExecutionPlan& cpu_plan, cpu::TransformerOptions cpu_options,
+                   const model::ExecutionPlan& gpu_plan, const gpu::TransformerOptions& gpu_options)
       : gpu_(gpu_plan, gpu_options), cpu_(cpu_plan, with_context(cpu_options, gpu_.context())) {}
-  std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, bool all_logits) override {
+  std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, model::Logits which) override {
     const std::span<const float> hidden = cpu_.forward_hidden(tokens, position);
-    return gpu_.forward(hidden, position, all_logits ? gpu::Logits::All : gpu::Logits::Last);
+    return gpu_.forward(hidden, position, which);
   }
+  int64_t cached() const override { return gpu_.cached(); }
   void truncate(int64_t positions) override {
     cpu_.truncate(positions);
     gpu_.truncate(positions);
@@ -172,16 +143,16 @@ void Engine::load(const EngineOptions& options, Clock::time_point start) {
     const gpu::TransformerOptions gpu_options{.context = options.context};
     device_name_ = gpu::device_info().name;
     if (first_gpu_layer == 0) {
-      backend_ = std::make_unique<GpuBackend>(*plan_, gpu_options);
+      forward_pass_ = std::make_unique<gpu::Transformer>(*plan_, gpu_options);
     } else {
       cpu_plan_ = std::make_unique<model::ExecutionPlan>(
           model::ExecutionPlan::build(file_, std::make_shared<cpu::MappedResidency>()));
       cpu_plan_->token_embd().data();
       cpu_plan_->preload_layers(0, first_gpu_layer - 1);
-      auto split = std::make_unique<SplitBackend>(*cpu_plan_, cpu_options(options, 0, first_gpu_layer), *plan_,
-                                                  gpu_options);
+      auto split = std::make_unique<SplitForwardPass>(*cpu_plan_, cpu_options(options, 0, first_gpu_layer), *plan_,
+                                                      gpu_options);
       threads_ = split->threads();
-      backend_ = std::move(split);
+      forward_pass_ = std::move(split);
       device_name_ += " + CPU";
     }
   }
@@ -189,15 +160,15 @@ void Engine::load(const EngineOptions& options, Clock::time_point start) {
   if (device_ == Device::Cpu) {
     plan_->preload_all();
     const int64_t context = options.context > 0 ? options.context : default_context(plan_->config());
-    auto cpu_backend = std::make_unique<CpuBackend>(*plan_, cpu_options(options, context, 0));
-    threads_ = cpu_backend->transformer().pool().size();
-    backend_ = std::move(cpu_backend);
+    auto cpu_transformer = std::make_unique<cpu::Transformer>(*plan_, cpu_options(options, context, 0));
+    threads_ = cpu_transformer->pool().size();
+    forward_pass_ = std::move(cpu_transformer);
     device_name_ = "CPU";
   }
   ready_ms_ = seconds_since(start) * 1e3;
 }
 
-int64_t Engine::context() const { return backend_->context(); }
+int64_t Engine::context() const { return forward_pass_->context(); }
 
 void Engine::require_fits(int64_t tokens) const {
   if (tokens > context()) fail("prompt of {} tokens does not fit the context of {}", tokens, context());
@@ -207,7 +178,8 @@ std::span<const float> Engine::extend(int64_t keep, std::span<const int32_t> tok
   require_fits(keep + static_cast<int64_t>(tokens.size()));
   // Forget what the pass overwrites before it runs, so that a failed pass leaves the record true.
   cached_.resize(static_cast<size_t>(keep));
-  const std::span<const float> logits = backend_->forward(tokens, keep, all_logits);
+  const std::span<const float> logits =
+      forward_pass_->forward(tokens, keep, all_logits ? model::Logits::All : model::Logits::Last);
   cached_.insert(cached_.end(), tokens.begin(), tokens.end());
   last_evaluated_ = static_cast<int64_t>(tokens.size());
   return logits;
@@ -231,7 +203,7 @@ std::span<const float> Engine::append(int32_t token) {
 }
 
 void Engine::reset() {
-  backend_->truncate(0);
+  forward_pass_->truncate(0);
   cached_.clear();
 }
 

@@ -14,6 +14,7 @@
 
 #include "gguf/gguf.h"
 #include "model/execution_plan.h"
+#include "model/forward_pass.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -68,9 +69,6 @@ int64_t default_context(const model::ModelConfig& config);
 
 // Whether this build has a GPU backend and a GPU is present (what Device::Auto picks the GPU on).
 bool gpu_available();
-
-// The forward pass of one backend, as the engine uses it (defined in engine.cpp).
-class Backend;
 
 class Engine {
  public:
@@ -146,7 +144,7 @@ class Engine {
   std::unique_ptr<model::ExecutionPlan> plan_;      // the GPU's where it runs layers, else the CPU's
   std::unique_ptr<model::ExecutionPlan> cpu_plan_;  // the first layers' where the GPU runs only the last ones
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<model::ForwardPass> forward_pass_;  // the CPU's, the GPU's, or the two in turn
   std::vector<int32_t> cached_;
   int64_t last_evaluated_ = 0;
   double open_ms_ = 0.0;

@@ -14,14 +14,19 @@ std::vector<TensorGroup> execution_order_groups(const model::ExecutionPlan& plan
     fail("the first of a device's layers must be within 0..{}, got {}", layers, first_layer);
   std::vector<TensorGroup> groups;
   TensorGroup& embeddings = groups.emplace_back(TensorGroup{"embeddings", {}});
-  if (first_layer == 0) embeddings.tensors.push_back(&plan.token_embd().info());
+  if (first_layer == 0) {
+    embeddings.tensors.push_back(&plan.token_embd().info());
+    if (plan.position_embd()) embeddings.tensors.push_back(&plan.position_embd().info());
+  }
   if (plan.rope_freqs()) embeddings.tensors.push_back(&plan.rope_freqs().info());
   for (int64_t i = 0; i < layers; ++i) {
     TensorGroup& layer = groups.emplace_back(TensorGroup{fmt::format("layer {}", i), {}});
     if (i < first_layer) continue;
     for (const model::LazyTensor* tensor : plan.layer(i).tensors()) layer.tensors.push_back(&tensor->info());
   }
-  groups.push_back({"output", {&plan.output_norm().info(), &plan.output().info()}});
+  TensorGroup& output = groups.emplace_back(TensorGroup{"output", {}});
+  for (const model::LazyTensor* tensor : {&plan.output_norm(), &plan.output_norm_bias(), &plan.output(), &plan.output_bias()})
+    if (*tensor) output.tensors.push_back(&tensor->info());
   return groups;
 }
 

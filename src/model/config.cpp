@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <string>
 
 #include "util/error.h"
@@ -87,14 +88,29 @@ std::string_view rope_scaling_name(RopeScaling scaling) {
   return "?";
 }
 
+std::vector<double> ModelConfig::rope_inverse_frequencies(bool sliding_layer, const float* freq_factors) const {
+  std::vector<double> inverse(static_cast<size_t>(rope_dims / 2));
+  const double base = sliding_layer ? rope_base_sliding : rope_base;
+  for (size_t i = 0; i < inverse.size(); ++i) {
+    double frequency = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dims));
+    if (!sliding_layer && rope_scaling == RopeScaling::Linear) frequency /= rope_scale_factor;
+    if (!sliding_layer && rope_scaling == RopeScaling::Llama3) frequency /= freq_factors[i];
+    inverse[i] = frequency;
+  }
+  return inverse;
+}
+
 ModelConfig read_config(const gguf::File& file) {
   ModelConfig config;
   config.architecture = std::string(file.architecture());
   if (config.architecture.empty()) fail("{}: key 'general.architecture' is missing", file.path());
-  if (config.architecture != "llama")
-    fail("{}: architecture '{}' is not supported (supported: llama)", file.path(), config.architecture);
+  config.arch = find_architecture(config.architecture);
+  if (!config.arch)
+    fail("{}: architecture '{}' is not supported (supported: {})", file.path(), config.architecture,
+         supported_architecture_names());
   if (file.tensors().empty())
     fail("{}: the file holds no tensors (a vocabulary-only GGUF has no weights to run)", file.path());
+  const Architecture& arch = *config.arch;
 
   const ArchKeys keys(file, config.architecture);
   if (keys.has("expert_count") && file.get_int(keys.key("expert_count")) > 0)
@@ -117,16 +133,42 @@ ModelConfig read_config(const gguf::File& file) {
   if (keys.count_or("attention.value_length", config.head_dim) != config.head_dim)
     keys.reject("attention.value_length", "differs from attention.key_length, which is not supported");
 
-  config.rms_eps = static_cast<float>(keys.number("attention.layer_norm_rms_epsilon"));
-  if (!(config.rms_eps > 0.0f)) keys.reject("attention.layer_norm_rms_epsilon", "must be positive");
+  const char* eps_key =
+      arch.norm == NormKind::Rms ? "attention.layer_norm_rms_epsilon" : "attention.layer_norm_epsilon";
+  config.norm_eps = static_cast<float>(keys.number(eps_key));
+  if (!(config.norm_eps > 0.0f)) keys.reject(eps_key, "must be positive");
 
-  config.rope_base = static_cast<float>(keys.number_or("rope.freq_base", 10000.0));
-  if (!(config.rope_base > 0.0f)) keys.reject("rope.freq_base", "must be positive");
-  config.rope_dims = keys.count_or("rope.dimension_count", config.head_dim);
-  if (config.rope_dims > config.head_dim || config.rope_dims % 2 != 0)
-    keys.reject("rope.dimension_count",
-                fmt::format("is {}; it must be even and at most the head size {}", config.rope_dims, config.head_dim));
-  read_rope_scaling(file, keys, config);
+  if (arch.positions == Positions::Rotary) {
+    config.rope_style = arch.rope_style;
+    config.rope_base = static_cast<float>(keys.number_or("rope.freq_base", 10000.0));
+    if (!(config.rope_base > 0.0f)) keys.reject("rope.freq_base", "must be positive");
+    config.rope_base_sliding = static_cast<float>(keys.number_or("rope.freq_base_swa", config.rope_base));
+    if (!(config.rope_base_sliding > 0.0f)) keys.reject("rope.freq_base_swa", "must be positive");
+    config.rope_dims = keys.count_or("rope.dimension_count", config.head_dim);
+    if (config.rope_dims > config.head_dim || config.rope_dims % 2 != 0)
+      keys.reject("rope.dimension_count", fmt::format("is {}; it must be even and at most the head size {}",
+                                                      config.rope_dims, config.head_dim));
+    read_rope_scaling(file, keys, config);
+  }
+
+  // Gemma 2 and 3 scale queries by the head size, except the 27B models (46 and 62 layers), which use
+  // n_embd / n_heads (google/gemma_pytorch's query_pre_attn_scalar), as llama.cpp does.
+  const bool gemma_27b = (arch.name == "gemma2" && config.n_layers == 46) || (arch.name == "gemma3" && config.n_layers == 62);
+  config.attention_scale =
+      1.0f / std::sqrt(static_cast<float>(gemma_27b ? config.n_embd / config.n_heads : config.head_dim));
+  // llama.cpp soft-caps Gemma 2 only, whatever keys other files hold.
+  if (arch.default_attention_cap > 0.0f) {
+    config.attention_cap = static_cast<float>(keys.number_or("attn_logit_softcapping", arch.default_attention_cap));
+    config.logits_cap = static_cast<float>(keys.number_or("final_logit_softcapping", arch.default_logits_cap));
+    if (!(config.attention_cap >= 0.0f)) keys.reject("attn_logit_softcapping", "must not be negative");
+    if (!(config.logits_cap >= 0.0f)) keys.reject("final_logit_softcapping", "must not be negative");
+  }
+  if (arch.scale_embeddings) config.embedding_scale = std::sqrt(static_cast<float>(config.n_embd));
+
+  if (arch.default_sliding_pattern > 0 && keys.has("attention.sliding_window")) {
+    config.sliding_window = keys.count("attention.sliding_window");
+    config.sliding_pattern = keys.count_or("attention.sliding_window_pattern", arch.default_sliding_pattern);
+  }
 
   config.vocab_size = read_vocab_size(file, keys);
   config.tied_embeddings = file.find_tensor("output.weight") == nullptr;

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "util/error.h"
+
 namespace rf::model {
 
 void LoadingCounters::add(uint64_t bytes, int64_t nanoseconds) {
@@ -25,6 +27,17 @@ LazyTensor::LazyTensor(std::shared_ptr<const gguf::File> file, const gguf::Tenso
   slot_->file = std::move(file);
   slot_->residency = std::move(residency);
   slot_->counters = std::move(counters);
+}
+
+LazyTensor LazyTensor::slice(int64_t first, int64_t count) const {
+  const int64_t extent = is_matrix() ? rows() : cols();
+  if (first < 0 || count <= 0 || first + count > extent)
+    fail("tensor '{}': a slice of {} at {} is outside its {} {}", name(), count, first, extent,
+         is_matrix() ? "rows" : "elements");
+  LazyTensor view = *this;
+  view.first_ = first_ + first;
+  view.count_ = count;
+  return view;
 }
 
 const void* LazyTensor::data() const {

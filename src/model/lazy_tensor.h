@@ -86,21 +86,36 @@ class LoadingCounters {
 };
 
 // A handle to one weight. Copies share the one materialization (tied embeddings use token_embd.weight twice).
-// A default-constructed handle is empty: an optional tensor the file does not have.
+// A default-constructed handle is empty: an optional tensor the file does not have. A slice is a handle to
+// consecutive rows of a matrix (or elements of a vector) of a stored tensor that fuses several weights (attn_qkv,
+// gate and up in one ffn_up): it shares the stored tensor's one materialization, and data() is still the
+// stored tensor's start, which the backend offsets by first() rows or elements in its own layout.
 class LazyTensor {
  public:
   LazyTensor() = default;
   LazyTensor(std::shared_ptr<const gguf::File> file, const gguf::TensorInfo& info, std::shared_ptr<Residency> residency,
              std::shared_ptr<LoadingCounters> counters);
 
+  // Rows first .. first + count - 1 (a matrix) or elements (a vector) of this handle's stored tensor.
+  LazyTensor slice(int64_t first, int64_t count) const;
+
   explicit operator bool() const { return slot_ != nullptr; }
-  const gguf::TensorInfo& info() const { return *slot_->source.info; }
+  const gguf::TensorInfo& info() const { return *slot_->source.info; }  // the stored tensor's
   std::string_view name() const { return info().name; }
   TensorType type() const { return info().type(); }
-  int64_t cols() const { return static_cast<int64_t>(info().ne[0]); }  // elements per row
-  int64_t rows() const { return static_cast<int64_t>(info().rows()); }
-  uint64_t bytes() const { return info().bytes; }
-  size_t row_bytes() const { return static_cast<size_t>(info().bytes / info().rows()); }
+  bool is_matrix() const { return info().n_dims >= 2; }
+  int64_t cols() const {  // elements per row
+    return !is_matrix() && sliced() ? count_ : static_cast<int64_t>(info().ne[0]);
+  }
+  int64_t rows() const { return is_matrix() && sliced() ? count_ : static_cast<int64_t>(info().rows()); }
+  int64_t first() const { return first_; }  // of the stored tensor's rows (a matrix) or elements (a vector)
+  bool sliced() const { return count_ >= 0; }
+  size_t row_bytes() const { return static_cast<size_t>(rf::row_bytes(type(), static_cast<uint64_t>(cols()))); }
+  uint64_t bytes() const { return static_cast<uint64_t>(rows()) * row_bytes(); }
+  // Where this handle's data starts in the stored layout, from the stored tensor's start.
+  uint64_t stored_offset() const {
+    return static_cast<uint64_t>(first_) * (is_matrix() ? row_bytes() : rf::row_bytes(type(), 1));
+  }
 
   // Materializes on first use, once even under concurrent calls; afterwards a load-acquire and a return.
   // When materialize() throws, the error reaches this caller and the next call tries again.
@@ -119,6 +134,8 @@ class LazyTensor {
     ResidentTensor resident;
   };
   std::shared_ptr<Slot> slot_;
+  int64_t first_ = 0;
+  int64_t count_ = -1;  // rows or elements of a slice; -1: the whole stored tensor
 };
 
 }  // namespace rf::model

@@ -314,7 +314,7 @@ TEST_F(GpuKernels, SwigluMatchesCpu) {
   const DeviceBuffer up_device = to_device(up);
   ActivationOutput output;
   output.f32 = gate_device.as<float>();
-  swiglu(gate_device.as<float>(), up_device.as<float>(), 4, 256, output, stream());
+  activate(Activation::Silu, gate_device.as<float>(), up_device.as<float>(), 4, 256, output, stream());
   synchronize();
   const std::vector<float> got = to_host<float>(gate_device, gate.size());
   cpu::swiglu(gate.data(), up.data(), static_cast<int64_t>(gate.size()));
@@ -469,7 +469,8 @@ model::ModelConfig attention_config(model::RopeStyle style, int64_t n_heads = 8,
 }
 
 AttentionShape shape_of(const model::ModelConfig& c) {
-  return {c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dims / 2, c.rope_style == model::RopeStyle::NeoX};
+  return {c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dims / 2, c.rope_style == model::RopeStyle::NeoX,
+          1.0f / std::sqrt(static_cast<float>(c.head_dim))};
 }
 
 // A cache of `context` random rows, and one partials buffer for every decoding run on it, as a transformer
@@ -505,7 +506,7 @@ class AttentionCheck {
     const std::vector<float> v = test::random_normal(static_cast<size_t>(n_tokens * kv_dim), 13 + seed);
 
     // CPU: rotate, store as f16, attend.
-    const std::vector<double> inverse = cpu::rope_inverse_frequencies(c_, nullptr);
+    const std::vector<double> inverse = c_.rope_inverse_frequencies(false, nullptr);
     std::vector<float> q_cpu = q, k_cpu = k;
     std::vector<uint16_t> keys_cpu = key_cache_, values_cpu = value_cache_;
     std::vector<float> cos_sin(static_cast<size_t>(c_.rope_dims));
@@ -526,7 +527,7 @@ class AttentionCheck {
         const int64_t offset = t * q_dim + h * c_.head_dim;
         cpu::attend(&expected[offset], &q_cpu[offset], keys_cpu.data() + kv_offset, values_cpu.data() + kv_offset,
                     position + t + 1, kv_dim, c_.head_dim, 1.0f / std::sqrt(static_cast<float>(c_.head_dim)),
-                    scores.data());
+                    0.0f, scores.data());
       }
 
     // GPU.

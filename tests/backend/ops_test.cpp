@@ -79,7 +79,7 @@ TEST(OpsTest, RopeBothStylesMatchNaive) {
     for (const int64_t rope_dims : {int64_t{64}, int64_t{32}}) {  // full and partial rotation
       SCOPED_TRACE(std::string(model::rope_style_name(style)) + " rope_dims " + std::to_string(rope_dims));
       const model::ModelConfig c = rope_config(64, rope_dims);
-      const std::vector<double> inverse = cpu::rope_inverse_frequencies(c, nullptr);
+      const std::vector<double> inverse = c.rope_inverse_frequencies(false, nullptr);
       std::vector<float> cos_sin(static_cast<size_t>(rope_dims));
       for (const int64_t position : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{3000}}) {
         std::vector<float> x = test::random_normal(3 * 64, 5);
@@ -94,7 +94,7 @@ TEST(OpsTest, RopeBothStylesMatchNaive) {
 
 TEST(OpsTest, RopeDependsOnlyOnRelativePosition) {
   const model::ModelConfig c = rope_config(16, 16);
-  const std::vector<double> inverse = cpu::rope_inverse_frequencies(c, nullptr);
+  const std::vector<double> inverse = c.rope_inverse_frequencies(false, nullptr);
   const auto rotated_dot = [&](int64_t pq, int64_t pk) {
     std::vector<float> q = test::random_normal(16, 6), k = test::random_normal(16, 7), cs(16);
     cpu::rope_angles(cs.data(), pq, inverse);
@@ -110,13 +110,13 @@ TEST(OpsTest, RopeDependsOnlyOnRelativePosition) {
 
 TEST(OpsTest, RopeScaling) {
   model::ModelConfig c = rope_config(8, 8);
-  const std::vector<double> plain = cpu::rope_inverse_frequencies(c, nullptr);
+  const std::vector<double> plain = c.rope_inverse_frequencies(false, nullptr);
   c.rope_scaling = model::RopeScaling::Linear;
   c.rope_scale_factor = 4.0f;
-  const std::vector<double> linear = cpu::rope_inverse_frequencies(c, nullptr);
+  const std::vector<double> linear = c.rope_inverse_frequencies(false, nullptr);
   c.rope_scaling = model::RopeScaling::Llama3;
   const float factors[4] = {1.0f, 2.0f, 8.0f, 16.0f};
-  const std::vector<double> llama3 = cpu::rope_inverse_frequencies(c, factors);
+  const std::vector<double> llama3 = c.rope_inverse_frequencies(false, factors);
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_DOUBLE_EQ(plain[i], std::pow(10000.0, -2.0 * static_cast<double>(i) / 8.0));
     EXPECT_DOUBLE_EQ(linear[i], plain[i] / 4.0);
@@ -158,7 +158,7 @@ TEST(OpsTest, AttentionF32AndF16MatchNaive) {
   const std::vector<double> expected = naive_attention(q, keys, values, kPositions, kStride, kDim, scale);
   std::vector<float> out(kDim), scores(kPositions);
   cpu::attend(out.data(), q.data(), keys.data(), values.data(), kPositions, kStride, kDim, static_cast<float>(scale),
-              scores.data());
+              0.0f, scores.data());
   for (int64_t d = 0; d < kDim; ++d) EXPECT_NEAR(out[d], expected[d], 1e-5);
 
   // The f16 cache holds rounded keys and values: compare with the naive result on those.
@@ -168,7 +168,7 @@ TEST(OpsTest, AttentionF32AndF16MatchNaive) {
   }
   const std::vector<double> expected16 = naive_attention(q, keys, values, kPositions, kStride, kDim, scale);
   cpu::attend(out.data(), q.data(), keys16.data(), values16.data(), kPositions, kStride, kDim,
-              static_cast<float>(scale), scores.data());
+              static_cast<float>(scale), 0.0f, scores.data());
   for (int64_t d = 0; d < kDim; ++d) EXPECT_NEAR(out[d], expected16[d], 1e-5);
 }
 

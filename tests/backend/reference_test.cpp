@@ -1,6 +1,6 @@
-// The end-to-end check: for every reference pair in ../shared/reference, the CPU forward pass fed the same
-// tokens produces logits rows with cosine >= 0.999 to llama.cpp's, and on the trained models the same
-// greedy continuation.
+// The end-to-end check: for every reference pair in ../shared/reference and ../shared/arch/reference, the CPU
+// forward pass fed the same tokens produces logits rows close to llama.cpp's (cosine >= 0.999, or 0.9999 where
+// nothing is rounded), and on the trained models the same greedy continuation.
 #include <gtest/gtest.h>
 
 #include <iostream>
@@ -10,6 +10,7 @@
 
 #include "backend/cpu/residency.h"
 #include "backend/cpu/transformer.h"
+#include "model_variant.h"
 #include "reference.h"
 #include "test_paths.h"
 
@@ -19,19 +20,27 @@ namespace {
 using test::argmax;
 using test::cosine;
 using test::read_reference;
+using test::ModelEdits;
 using test::Reference;
+using test::TempModel;
 using test::reference_files;
 
 class ReferenceTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(ReferenceTest, LogitsMatchLlamaCpp) {
-  const Reference ref = read_reference(GetParam());
-  const model::ExecutionPlan plan = model::ExecutionPlan::build(
-      gguf::File::open(test::shared_path("models/" + ref.model)), std::make_shared<cpu::MappedResidency>());
-  ASSERT_EQ(plan.config().vocab_size, ref.n_vocab);
+struct Agreement {
+  double min_cosine = 1.0;
+  int64_t worst_row = 0;
+  int64_t greedy_matches = 0;
+};
+
+// Runs the model at `path` over the reference's tokens on the CPU and compares every logits row.
+Agreement compare(const Reference& ref, const std::string& path) {
+  const model::ExecutionPlan plan =
+      model::ExecutionPlan::build(gguf::File::open(path), std::make_shared<cpu::MappedResidency>());
+  EXPECT_EQ(plan.config().vocab_size, ref.n_vocab);
   const auto n_prompt = static_cast<int64_t>(ref.prompt_tokens.size());
   const auto n_greedy = static_cast<int64_t>(ref.greedy_tokens.size());
-  ASSERT_EQ(ref.rows, n_prompt + n_greedy);
+  EXPECT_EQ(ref.rows, n_prompt + n_greedy);
   cpu::TransformerOptions options;
   options.context = n_prompt + n_greedy;
   cpu::Transformer transformer(plan, options);
@@ -49,26 +58,43 @@ TEST_P(ReferenceTest, LogitsMatchLlamaCpp) {
     rows.emplace_back(logits.begin(), logits.end());
   }
 
-  double min_cosine = 1.0;
-  int64_t worst_row = 0;
-  int64_t greedy_matches = 0;
+  Agreement agreement;
   for (int64_t i = 0; i < ref.rows; ++i) {
     const double c = cosine(rows[static_cast<size_t>(i)], ref.row(i));
-    if (c < min_cosine) {
-      min_cosine = c;
-      worst_row = i;
+    if (c < agreement.min_cosine) {
+      agreement.min_cosine = c;
+      agreement.worst_row = i;
     }
   }
   for (int64_t i = 0; i < n_greedy; ++i)
-    greedy_matches += argmax(rows[static_cast<size_t>(n_prompt + i)]) == ref.greedy_tokens[static_cast<size_t>(i)];
+    agreement.greedy_matches +=
+        argmax(rows[static_cast<size_t>(n_prompt + i)]) == ref.greedy_tokens[static_cast<size_t>(i)];
+  std::cout << "[ reference ] " << path << ": min cosine " << agreement.min_cosine << " (row " << agreement.worst_row
+            << " of " << ref.rows << "), greedy " << agreement.greedy_matches << "/" << n_greedy << "\n";
+  return agreement;
+}
 
-  std::cout << "[ reference ] " << ref.model << ": min cosine " << min_cosine << " (row " << worst_row << " of "
-            << ref.rows << "), greedy " << greedy_matches << "/" << n_greedy << "\n";
-  RecordProperty("min_cosine", std::to_string(min_cosine));
-  EXPECT_GE(min_cosine, 0.999) << "worst row " << worst_row;
+TEST_P(ReferenceTest, LogitsMatchLlamaCpp) {
+  const Reference ref = read_reference(GetParam());
+  const Agreement agreement = compare(ref, ref.model_path);
+  RecordProperty("min_cosine", std::to_string(agreement.min_cosine));
+  if (!GetParam().starts_with("arch/")) {
+    // llama.cpp computed these on the file itself, with its 8-bit activations as ours.
+    EXPECT_GE(agreement.min_cosine, 0.999) << "worst row " << agreement.worst_row;
+  } else {
+    // llama.cpp computed these on the dequantized weights in F32 (../shared/README.md), so the architecture is
+    // proven on such a copy of the file, where nothing is rounded but the f16 KV cache. The file itself runs
+    // its products on 8-bit activations, as llama.cpp's CPU backend does, and these models' attention is sharp
+    // on purpose, which magnifies that rounding: 0.9969 (glm4) to 0.9998 on every row.
+    const TempModel exact(ref.model_path, ModelEdits().dequantize_all());
+    const Agreement unrounded = compare(ref, exact.path());
+    EXPECT_GE(unrounded.min_cosine, 0.9999) << "worst row " << unrounded.worst_row;
+    EXPECT_EQ(unrounded.greedy_matches, static_cast<int64_t>(ref.greedy_tokens.size()));
+    EXPECT_GE(agreement.min_cosine, 0.995) << "worst row " << agreement.worst_row;
+  }
   // Trained models have sharp distributions: the continuation must be the reference's, token for token.
   if (ref.model == "stories260K.gguf" || ref.model == "TinyStories-656K-Q8_0.gguf") {
-    EXPECT_EQ(greedy_matches, n_greedy);
+    EXPECT_EQ(agreement.greedy_matches, static_cast<int64_t>(ref.greedy_tokens.size()));
   }
 }
 

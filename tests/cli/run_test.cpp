@@ -49,11 +49,18 @@ TEST_F(RunTest, PromptLongerThanTheContext) {
 }
 
 TEST_F(RunTest, UnsupportedArchitectureAndMissingTensor) {
-  const TempModel gpt2("stories260K",
-                       ModelEdits().edit_keys([](gguf::Writer& w) { w.set_string("general.architecture", "gpt2"); }));
-  expect_error("run -m '" + gpt2.path() + "' -p 'Hello'", "architecture 'gpt2' is not supported");
+  const TempModel mamba("stories260K",
+                        ModelEdits().edit_keys([](gguf::Writer& w) { w.set_string("general.architecture", "mamba"); }));
+  expect_error("run -m '" + mamba.path() + "' -p 'Hello'",
+               "architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, gemma, gemma2, gemma3, phi2, "
+               "phi3, gpt2, glm4, chatglm)");
   const TempModel no_norm("stories260K", ModelEdits().drop_tensor("output_norm.weight"));
-  expect_error("run -m '" + no_norm.path() + "' -p 'Hello'", "missing tensor 'output_norm.weight'");
+  expect_error("run -m '" + no_norm.path() + "' -p 'Hello'",
+               "tensor 'output_norm.weight' is missing (the llama architecture needs it)");
+  const TempModel no_bias(shared_path("arch/models/synth-qwen2-Q4_K_M.gguf"),
+                          ModelEdits().drop_tensor("blk.1.attn_k.bias"));
+  expect_error("run -m '" + no_bias.path() + "' -p 'Hello'",
+               "tensor 'blk.1.attn_k.bias' is missing (the qwen2 architecture needs it)");
 }
 
 TEST_F(RunTest, VocabularyOnlyFile) {

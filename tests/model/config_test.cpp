@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,7 +41,7 @@ TEST(ConfigTest, Stories260K) {
   EXPECT_EQ(c.n_ff, 172);
   EXPECT_EQ(c.vocab_size, 512);  // no llama.vocab_size key: from the tokenizer
   EXPECT_EQ(c.context_length, 2048);
-  EXPECT_FLOAT_EQ(c.rms_eps, 1e-5f);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-5f);
   EXPECT_FLOAT_EQ(c.rope_base, 10000.0f);  // no freq_base key: llama.cpp's default
   EXPECT_EQ(c.rope_dims, 8);
   EXPECT_EQ(c.rope_style, model::RopeStyle::Normal);
@@ -59,7 +60,7 @@ TEST(ConfigTest, TinyStoriesIsTied) {
   EXPECT_EQ(c.n_ff, 384);
   EXPECT_EQ(c.vocab_size, 2048);
   EXPECT_EQ(c.context_length, 512);
-  EXPECT_FLOAT_EQ(c.rms_eps, 1e-6f);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-6f);
   EXPECT_EQ(c.rope_dims, 16);
   EXPECT_TRUE(c.tied_embeddings);
   const model::ExecutionPlan plan = plan_of(test::shared_model("TinyStories-656K-Q8_0"));
@@ -97,6 +98,65 @@ TEST(ConfigTest, EverySyntheticModelPlans) {
     EXPECT_FALSE(c.tied_embeddings);
     EXPECT_EQ(plan.layers().size(), 4u);
   }
+}
+
+std::string arch_model(const std::string& arch) {
+  return test::shared_path("arch/models/synth-" + arch + "-Q4_K_M.gguf");
+}
+
+TEST(ConfigTest, Gemma2SlidesEveryOtherLayerAndCaps) {
+  const ModelConfig c = config_of(arch_model("gemma2"));
+  EXPECT_EQ(c.arch->ffn, model::FfnKind::GeluGated);
+  EXPECT_EQ(c.rope_style, model::RopeStyle::NeoX);
+  EXPECT_EQ(c.sliding_window, 8);
+  EXPECT_TRUE(c.sliding(0));
+  EXPECT_FALSE(c.sliding(1));
+  EXPECT_TRUE(c.sliding(2));
+  EXPECT_FLOAT_EQ(c.attention_cap, 10.0f);
+  EXPECT_FLOAT_EQ(c.logits_cap, 5.0f);
+  EXPECT_FLOAT_EQ(c.embedding_scale, 16.0f);  // sqrt(256)
+  EXPECT_FLOAT_EQ(c.attention_scale, 0.125f);  // 1 / sqrt(head_dim 64)
+}
+
+TEST(ConfigTest, Gemma3SlidingLayersHaveTheirOwnRopeBase) {
+  const ModelConfig c = config_of(arch_model("gemma3"));
+  EXPECT_TRUE(c.sliding(0));
+  EXPECT_TRUE(c.sliding(1));
+  EXPECT_FALSE(c.sliding(2));
+  EXPECT_FLOAT_EQ(c.rope_base, 1e6f);
+  EXPECT_FLOAT_EQ(c.rope_base_sliding, 1e4f);
+  EXPECT_EQ(c.attention_cap, 0.0f);  // llama.cpp caps Gemma 2 only
+  EXPECT_DOUBLE_EQ(c.rope_inverse_frequencies(true, nullptr)[1], std::pow(1e4, -2.0 / 64));
+  EXPECT_DOUBLE_EQ(c.rope_inverse_frequencies(false, nullptr)[1], std::pow(1e6, -2.0 / 64));
+}
+
+TEST(ConfigTest, PartialRotaryAndLearnedPositions) {
+  const ModelConfig phi2 = config_of(arch_model("phi2"));
+  EXPECT_EQ(phi2.arch->norm, model::NormKind::Layer);
+  EXPECT_EQ(phi2.rope_dims, 32);
+  EXPECT_EQ(phi2.head_dim, 64);
+  const ModelConfig gpt2 = config_of(arch_model("gpt2"));
+  EXPECT_FALSE(gpt2.rotary());
+  EXPECT_EQ(gpt2.n_kv_heads, 4);
+  EXPECT_TRUE(gpt2.tied_embeddings);
+}
+
+TEST(PlanTest, FusedTensorsAreSlicedWithoutCopies) {
+  const model::ExecutionPlan phi3 = plan_of(arch_model("phi3"));
+  const model::LayerPlan& layer = phi3.layer(1);
+  EXPECT_EQ(layer.attn_q.name(), "blk.1.attn_qkv.weight");
+  EXPECT_EQ(layer.attn_k.first(), 256);
+  EXPECT_EQ(layer.attn_k.rows(), 128);
+  EXPECT_EQ(layer.attn_v.first(), 384);
+  EXPECT_EQ(layer.attn_v.stored_offset(), 384 * layer.attn_v.row_bytes());
+  EXPECT_EQ(layer.ffn_gate.first(), 0);
+  EXPECT_EQ(layer.ffn_up.first(), 768);
+  EXPECT_EQ(layer.ffn_up.rows(), 768);
+  // The loader reads each stored tensor once: qkv, not three slices of it.
+  EXPECT_EQ(layer.tensors().size(), 6u);
+  const model::ExecutionPlan chatglm = plan_of(arch_model("chatglm"));
+  EXPECT_EQ(chatglm.layer(0).attn_v_bias.first(), 384);
+  EXPECT_EQ(chatglm.layer(0).attn_v_bias.cols(), 128);
 }
 
 TEST(ConfigErrorTest, MissingKeyIsNamed) {
@@ -183,10 +243,11 @@ TEST(PlanErrorTest, MissingTensorIsNamed) {
 
 TEST(PlanErrorTest, UnknownTensorIsNamed) {
   const TempModel file("stories260K", ModelEdits().add_tensors([](gguf::Writer& w) {
-    test::add_zero_tensor(w, "blk.0.attn_q.bias", TensorType::F32, {64});
+    test::add_zero_tensor(w, "blk.0.attn_sinks.weight", TensorType::F32, {8});
   }));
   const std::string message = error_of([&] { plan_of(file.path()); });
-  EXPECT_NE(message.find("blk.0.attn_q.bias"), std::string::npos) << message;
+  EXPECT_NE(message.find("tensor 'blk.0.attn_sinks.weight' is not part of the llama architecture"), std::string::npos)
+      << message;
 }
 
 TEST(PlanErrorTest, VocabularyMismatchNamesTheEmbedding) {

@@ -8,7 +8,8 @@
 namespace rf::cpu {
 
 Matrix matrix_of(const model::LazyTensor& weight) {
-  return {weight.type(), static_cast<const uint8_t*>(weight.data()), weight.rows(), weight.cols(), weight.row_bytes()};
+  return {weight.type(), static_cast<const uint8_t*>(weight.data()) + weight.stored_offset(), weight.rows(),
+          weight.cols(), weight.row_bytes()};
 }
 
 void QuantizedRows::set(const float* x, int64_t rows, int64_t cols) {

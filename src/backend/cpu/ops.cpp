@@ -67,6 +67,17 @@ void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float e
   for (i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
+void layernorm(float* out, const float* x, const float* weight, const float* bias, int64_t n, float eps) {
+  // In double, as llama.cpp sums.
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  const auto mean = static_cast<float>(sum / static_cast<double>(n));
+  double squares = 0.0;
+  for (int64_t i = 0; i < n; ++i) squares += static_cast<double>(x[i] - mean) * (x[i] - mean);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(squares / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] - mean) * scale * weight[i] + (bias ? bias[i] : 0.0f);
+}
+
 void softmax(float* x, int64_t n) {
   const float max = *std::max_element(x, x + n);
   float sum = 0.0f;
@@ -115,20 +126,33 @@ void swiglu(float* gate, const float* up, int64_t n) {
   for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-void add(float* x, const float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+namespace {
+
+float gelu(float x) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
 }
 
-std::vector<double> rope_inverse_frequencies(const model::ModelConfig& config, const float* freq_factors) {
-  std::vector<double> inverse(static_cast<size_t>(config.rope_dims / 2));
-  for (size_t i = 0; i < inverse.size(); ++i) {
-    double frequency = std::pow(static_cast<double>(config.rope_base),
-                                -2.0 * static_cast<double>(i) / static_cast<double>(config.rope_dims));
-    if (config.rope_scaling == model::RopeScaling::Linear) frequency /= config.rope_scale_factor;
-    if (config.rope_scaling == model::RopeScaling::Llama3) frequency /= freq_factors[i];
-    inverse[i] = frequency;
-  }
-  return inverse;
+}  // namespace
+
+void geglu(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) gate[i] = gelu(gate[i]) * up[i];
+}
+
+void gelu(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = gelu(x[i]);
+}
+
+void soft_cap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
+void add_rows(float* x, const float* bias, int64_t rows, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r) add(x + r * width, bias, width);
+}
+
+void add(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
 void rope_angles(float* cos_sin, int64_t position, std::span<const double> inverse_frequencies) {
@@ -161,15 +185,17 @@ void rope(float* heads, int64_t n_heads, int64_t head_dim, const float* cos_sin,
 
 template <typename KvElement>
 void attend(float* out, const float* q, const KvElement* keys, const KvElement* values, int64_t n_positions,
-            int64_t stride, int64_t head_dim, float scale, float* scores) {
+            int64_t stride, int64_t head_dim, float scale, float cap, float* scores) {
   for (int64_t j = 0; j < n_positions; ++j) scores[j] = scale * dot(q, keys + j * stride, head_dim);
+  if (cap > 0.0f) soft_cap(scores, n_positions, cap);
   softmax(scores, n_positions);
   std::fill(out, out + head_dim, 0.0f);
   for (int64_t j = 0; j < n_positions; ++j) add_scaled(out, scores[j], values + j * stride, head_dim);
 }
 
-template void attend<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t, float, float*);
+template void attend<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t, float, float,
+                            float*);
 template void attend<uint16_t>(float*, const float*, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, float,
-                               float*);
+                               float, float*);
 
 }  // namespace rf::cpu

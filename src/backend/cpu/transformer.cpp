@@ -12,7 +12,11 @@ namespace {
 
 size_t index(int64_t i) { return static_cast<size_t>(i); }
 
-const float* f32_data(const model::LazyTensor& tensor) { return static_cast<const float*>(tensor.data()); }
+// A vector of F32 weights (or a slice of one); null for an empty handle.
+const float* f32_data(const model::LazyTensor& tensor) {
+  if (!tensor) return nullptr;
+  return reinterpret_cast<const float*>(static_cast<const uint8_t*>(tensor.data()) + tensor.stored_offset());
+}
 
 }  // namespace
 
@@ -25,8 +29,9 @@ Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOpti
       cache_(config_, options.context > 0 ? options.context : config_.context_length, options.kv_type) {
   if (max_batch_ <= 0) fail("max_batch must be positive, got {}", max_batch_);
   if (layers_ > config_.n_layers) fail("the model has {} layers, not {}", config_.n_layers, layers_);
-  const float* freq_factors = plan.rope_freqs() ? f32_data(plan.rope_freqs()) : nullptr;
-  rope_inverse_frequencies_ = rope_inverse_frequencies(config_, freq_factors);
+  const float* freq_factors = f32_data(plan.rope_freqs());
+  for (const bool sliding : {false, true})
+    inverse_frequencies_[sliding] = config_.rope_inverse_frequencies(sliding, freq_factors);
   scores_.resize(index(pool_.size() * cache_.capacity()));
 }
 
@@ -43,20 +48,14 @@ void Transformer::reserve_batch(int64_t n) {
   hb_.resize(rows_of(config_.n_ff));
   hb2_.resize(rows_of(config_.n_ff));
   delta_.resize(rows_of(config_.n_embd));
-  rope_.resize(rows_of(config_.rope_dims));
+  for (std::vector<float>& angles : rope_) angles.resize(rows_of(config_.rope_dims));
 }
 
 template <typename Batch>
 void Transformer::run(std::span<const int32_t> tokens, int64_t position, const Batch& batch) {
   const auto n = static_cast<int64_t>(tokens.size());
-  if (n == 0) fail("forward: no tokens to evaluate");
-  if (position < 0 || position > cache_.size())
-    fail("forward: position {} is not within the {} cached positions", position, cache_.size());
-  if (position + n > cache_.capacity())
-    fail("{} tokens at position {} do not fit in the context of {} positions", n, position, cache_.capacity());
-  for (const int32_t token : tokens)
-    if (token < 0 || token >= config_.vocab_size)
-      fail("token id {} is out of range: the vocabulary has {} tokens", token, config_.vocab_size);
+  model::check_positions(config_, n, position, cache_.size(), cache_.capacity());
+  model::check_tokens(config_, tokens);
 
   cache_.truncate(position);
   for (int64_t start = 0; start < n; start += max_batch_) batch(start, std::min(max_batch_, n - start));
@@ -87,71 +86,144 @@ std::span<const float> Transformer::forward_hidden(std::span<const int32_t> toke
   return hidden_;
 }
 
+void Transformer::normalize(float* out, const float* in, const model::LazyTensor& weight,
+                            const model::LazyTensor& bias, int64_t rows) const {
+  const int64_t width = config_.n_embd;
+  const float* w = f32_data(weight);
+  for (int64_t t = 0; t < rows; ++t) {
+    if (config_.arch->norm == model::NormKind::Rms)
+      rmsnorm(out + t * width, in + t * width, w, width, config_.norm_eps);
+    else
+      layernorm(out + t * width, in + t * width, w, f32_data(bias), width, config_.norm_eps);
+  }
+}
+
+void Transformer::project(const model::LazyTensor& weight, const model::LazyTensor& bias, float* out) {
+  matmul(pool_, matrix_of(weight), input_, out);
+  if (bias) add_rows(out, f32_data(bias), input_.rows(), weight.rows());
+}
+
 void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which, float* logits) {
   const model::ModelConfig& c = config_;
   const auto n = static_cast<int64_t>(tokens.size());
   reserve_batch(n);
-  const auto rmsnorm_rows = [&](float* out, const float* in, const model::LazyTensor& weight, int64_t rows) {
-    const float* w = f32_data(weight);
-    for (int64_t t = 0; t < rows; ++t) rmsnorm(out + t * c.n_embd, in + t * c.n_embd, w, c.n_embd, c.rms_eps);
-  };
 
-  // Each token's embedding row, and the rotation angles of its position.
+  // Each token's embedding row (scaled, plus its position's learned row where the model says), and the
+  // rotation angles of its position.
   const model::LazyTensor& embeddings = plan_.token_embd();
-  const auto* table = static_cast<const uint8_t*>(embeddings.data());
+  const model::LazyTensor& positions = plan_.position_embd();
+  std::vector<float> position_row(positions ? index(c.n_embd) : 0);
   for (int64_t t = 0; t < n; ++t) {
-    const uint8_t* row = table + index(tokens[index(t)]) * embeddings.row_bytes();
-    quant::dequantize(embeddings.type(), row, &x_[index(t * c.n_embd)], c.n_embd);
-    rope_angles(&rope_[index(t * c.rope_dims)], position + t, rope_inverse_frequencies_);
+    float* x = &x_[index(t * c.n_embd)];
+    const auto* row = static_cast<const uint8_t*>(embeddings.data()) + index(tokens[index(t)]) * embeddings.row_bytes();
+    quant::dequantize(embeddings.type(), row, x, c.n_embd);
+    if (c.embedding_scale != 1.0f)
+      for (int64_t i = 0; i < c.n_embd; ++i) x[i] *= c.embedding_scale;
+    if (positions) {
+      const auto* learned = static_cast<const uint8_t*>(positions.data()) + index(position + t) * positions.row_bytes();
+      quant::dequantize(positions.type(), learned, position_row.data(), c.n_embd);
+      add(x, position_row.data(), c.n_embd);
+    }
+    for (const bool sliding : {false, true})
+      rope_angles(&rope_[sliding][index(t * c.rope_dims)], position + t, inverse_frequencies_[sliding]);
   }
 
   for (int64_t l = 0; l < layers_; ++l) {
     const model::LayerPlan& layer = plan_.layer(l);
+    const auto add_block_output = [&](const model::LazyTensor& post_norm) {
+      if (post_norm)
+        for (int64_t t = 0; t < n; ++t) {
+          float* row = &delta_[index(t * c.n_embd)];
+          rmsnorm(row, row, f32_data(post_norm), c.n_embd, c.norm_eps);
+        }
+      add(x_.data(), delta_.data(), n * c.n_embd);
+    };
 
-    // Attention: project the normalized stream to queries, keys and values, rotate queries and keys by
-    // position, cache keys and values, attend, project back and add to the residual stream.
-    rmsnorm_rows(xb_.data(), x_.data(), layer.attn_norm, n);
-    input_.set(xb_.data(), n, c.n_embd);
-    const Product qkv[] = {{matrix_of(layer.attn_q), q_.data()},
-                           {matrix_of(layer.attn_k), k_.data()},
-                           {matrix_of(layer.attn_v), v_.data()}};
-    matmul(pool_, qkv, input_);
-    for (int64_t t = 0; t < n; ++t) {
-      const float* cos_sin = &rope_[index(t * c.rope_dims)];
-      float* k = &k_[index(t * c.kv_dim())];
-      rope(&q_[index(t * c.q_dim())], c.n_heads, c.head_dim, cos_sin, c.rope_dims / 2, c.rope_style);
-      rope(k, c.n_kv_heads, c.head_dim, cos_sin, c.rope_dims / 2, c.rope_style);
-      cache_.store(l, position + t, k, &v_[index(t * c.kv_dim())]);
-    }
-    attention(l, n, position);
-    input_.set(attn_out_.data(), n, c.q_dim());
-    matmul(pool_, matrix_of(layer.attn_output), input_, delta_.data());
-    add(x_.data(), delta_.data(), n * c.n_embd);
+    // Attention of the normalized stream, added to the residual stream (normalized again after it, where it
+    // is a post-norm model).
+    normalize(xb_.data(), x_.data(), layer.attn_norm, layer.attn_norm_bias, n);
+    attention_block(l, n, position);
+    add_block_output(layer.attn_post_norm);
 
-    // Feed-forward: down(silu(gate(x)) * up(x)) of the normalized stream, added to the residual stream.
-    rmsnorm_rows(xb_.data(), x_.data(), layer.ffn_norm, n);
-    input_.set(xb_.data(), n, c.n_embd);
-    const Product gate_up[] = {{matrix_of(layer.ffn_gate), hb_.data()}, {matrix_of(layer.ffn_up), hb2_.data()}};
-    matmul(pool_, gate_up, input_);
-    swiglu(hb_.data(), hb2_.data(), n * c.n_ff);
-    input_.set(hb_.data(), n, c.n_ff);
-    matmul(pool_, matrix_of(layer.ffn_down), input_, delta_.data());
-    add(x_.data(), delta_.data(), n * c.n_embd);
+    // The feed-forward network of the stream normalized anew, or of the attention's input where the two run
+    // in parallel (Phi-2: x + attention(norm(x)) + ffn(norm(x))).
+    if (!c.arch->parallel_blocks) normalize(xb_.data(), x_.data(), layer.ffn_norm, layer.ffn_norm_bias, n);
+    ffn_block(layer, n);
+    add_block_output(layer.ffn_post_norm);
   }
   cache_.mark_filled(position + n);
   if (!logits) return;
 
   // The final norm and the projection to the vocabulary, for the rows whose logits are wanted.
   const int64_t first = which == Logits::All ? 0 : n - 1;
-  rmsnorm_rows(xb_.data(), &x_[index(first * c.n_embd)], plan_.output_norm(), n - first);
+  normalize(xb_.data(), &x_[index(first * c.n_embd)], plan_.output_norm(), plan_.output_norm_bias(), n - first);
   input_.set(xb_.data(), n - first, c.n_embd);
-  matmul(pool_, matrix_of(plan_.output()), input_, logits);
+  project(plan_.output(), plan_.output_bias(), logits);
+  if (c.logits_cap > 0.0f) soft_cap(logits, (n - first) * c.vocab_size, c.logits_cap);
+}
+
+void Transformer::attention_block(int64_t l, int64_t n, int64_t position) {
+  const model::ModelConfig& c = config_;
+  const model::LayerPlan& layer = plan_.layer(l);
+  input_.set(xb_.data(), n, c.n_embd);
+  const Product qkv[] = {{matrix_of(layer.attn_q), q_.data()},
+                         {matrix_of(layer.attn_k), k_.data()},
+                         {matrix_of(layer.attn_v), v_.data()}};
+  matmul(pool_, qkv, input_);
+  if (layer.attn_q_bias) add_rows(q_.data(), f32_data(layer.attn_q_bias), n, c.q_dim());
+  if (layer.attn_k_bias) add_rows(k_.data(), f32_data(layer.attn_k_bias), n, c.kv_dim());
+  if (layer.attn_v_bias) add_rows(v_.data(), f32_data(layer.attn_v_bias), n, c.kv_dim());
+  // Each head of q and k normalized (Qwen 3, Gemma 3), then rotated by its position; keys and values cached.
+  const auto head_norm = [&](float* heads, int64_t count, const model::LazyTensor& weight) {
+    if (!weight) return;
+    for (int64_t h = 0; h < count; ++h)
+      rmsnorm(heads + h * c.head_dim, heads + h * c.head_dim, f32_data(weight), c.head_dim, c.norm_eps);
+  };
+  const std::vector<float>& angles = rope_[c.sliding(l)];
+  for (int64_t t = 0; t < n; ++t) {
+    float* q = &q_[index(t * c.q_dim())];
+    float* k = &k_[index(t * c.kv_dim())];
+    head_norm(q, c.n_heads, layer.attn_q_norm);
+    head_norm(k, c.n_kv_heads, layer.attn_k_norm);
+    if (c.rotary()) {
+      const float* cos_sin = &angles[index(t * c.rope_dims)];
+      rope(q, c.n_heads, c.head_dim, cos_sin, c.rope_dims / 2, c.rope_style);
+      rope(k, c.n_kv_heads, c.head_dim, cos_sin, c.rope_dims / 2, c.rope_style);
+    }
+    cache_.store(l, position + t, k, &v_[index(t * c.kv_dim())]);
+  }
+  attention(l, n, position);
+  input_.set(attn_out_.data(), n, c.q_dim());
+  project(layer.attn_output, layer.attn_output_bias, delta_.data());
+}
+
+void Transformer::ffn_block(const model::LayerPlan& layer, int64_t n) {
+  const model::ModelConfig& c = config_;
+  input_.set(xb_.data(), n, c.n_embd);
+  if (layer.ffn_gate) {
+    // down(act(gate(x)) * up(x)), gate and up as one job.
+    const Product gate_up[] = {{matrix_of(layer.ffn_gate), hb_.data()}, {matrix_of(layer.ffn_up), hb2_.data()}};
+    matmul(pool_, gate_up, input_);
+    if (layer.ffn_gate_bias) add_rows(hb_.data(), f32_data(layer.ffn_gate_bias), n, c.n_ff);
+    if (layer.ffn_up_bias) add_rows(hb2_.data(), f32_data(layer.ffn_up_bias), n, c.n_ff);
+    if (c.arch->ffn == model::FfnKind::GeluGated)
+      geglu(hb_.data(), hb2_.data(), n * c.n_ff);
+    else
+      swiglu(hb_.data(), hb2_.data(), n * c.n_ff);
+  } else {
+    // down(gelu(up(x))).
+    project(layer.ffn_up, layer.ffn_up_bias, hb_.data());
+    gelu(hb_.data(), n * c.n_ff);
+  }
+  input_.set(hb_.data(), n, c.n_ff);
+  project(layer.ffn_down, layer.ffn_down_bias, delta_.data());
 }
 
 void Transformer::attention(int64_t layer, int64_t n, int64_t position) {
   const model::ModelConfig& c = config_;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  // One item per (token, query head); token t sees the cached positions 0 .. position + t (causal).
+  const int64_t window = c.sliding(layer) ? c.sliding_window : cache_.capacity();
+  // One item per (token, query head); token t sees the cached positions up to its own, position + t (causal),
+  // and on a sliding-window layer only the last `window` of them.
   const auto attend_all = [&](auto kv_element) {
     using KvElement = decltype(kv_element);
     const KvElement* keys = cache_.keys<KvElement>(layer);
@@ -161,10 +233,11 @@ void Transformer::attention(int64_t layer, int64_t n, int64_t position) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t t = item / c.n_heads;
         const int64_t head = item % c.n_heads;
-        const int64_t kv_offset = head / c.heads_per_kv_head() * c.head_dim;
+        const int64_t first = std::max<int64_t>(0, position + t + 1 - window);
+        const int64_t kv_offset = first * c.kv_dim() + head / c.heads_per_kv_head() * c.head_dim;
         const int64_t offset = t * c.q_dim() + head * c.head_dim;
-        attend(&attn_out_[index(offset)], &q_[index(offset)], keys + kv_offset, values + kv_offset, position + t + 1,
-               c.kv_dim(), c.head_dim, scale, scores);
+        attend(&attn_out_[index(offset)], &q_[index(offset)], keys + kv_offset, values + kv_offset,
+               position + t + 1 - first, c.kv_dim(), c.head_dim, c.attention_scale, c.attention_cap, scores);
       }
     });
   };

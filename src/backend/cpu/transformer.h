@@ -1,5 +1,5 @@
-// The llama forward pass on the CPU, in the spirit of llama2.c's run.c: one function, forward(), reads top to
-// bottom as the model computes. A batch of tokens (a prompt) is one pass of matrix-matrix products; a single
+// The forward pass on the CPU, in the spirit of llama2.c's run.c: one function, forward_batch(), reads top to
+// bottom as the model computes, for every family of model/architecture.h. A batch of tokens (a prompt) is one pass of matrix-matrix products; a single
 // token (decoding) is the same pass with one row. Keys and values stay in a per-layer cache, so evaluation
 // continues where it stopped, and the cache can be truncated to reuse a common prefix (chat).
 #pragma once
@@ -11,6 +11,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/thread_pool.h"
 #include "model/execution_plan.h"
+#include "model/forward_pass.h"
 
 namespace rf::cpu {
 
@@ -22,31 +23,24 @@ struct TransformerOptions {
   int64_t layers = 0;                    // layers run here, from the first (0: all); see forward_hidden()
 };
 
-// Which logits forward() returns.
-enum class Logits {
-  Last,  // of the last token only (generation)
-  All,   // of every token, row by row (evaluation, perplexity)
-};
+using model::Logits;
 
-class Transformer {
+class Transformer final : public model::ForwardPass {
  public:
   // The plan's tensors must live on the CPU (cpu::MappedResidency); they materialize as layers first run.
   // The plan must outlive the transformer. One thread at a time uses a transformer.
   explicit Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options = {});
 
-  // Evaluates `tokens` at positions position, position + 1, ...: positions from `position` on are first
-  // dropped from the cache (position <= cached()), then the tokens' keys and values are added. Returns
-  // the logits (vocab_size floats per row) of the last token or of all tokens; the span stays valid until
-  // the next call. A token id out of range, a position past the cache or past the context is an rf::Error.
-  std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, Logits which = Logits::Last);
+  std::span<const float> forward(std::span<const int32_t> tokens, int64_t position,
+                                 Logits which = Logits::Last) override;
   // For a transformer that runs the first layers only (TransformerOptions::layers), the later ones running on a
   // GPU: the same evaluation through its layers, returning the residual stream after the last of them (n_embd
   // floats per token, every token), which gpu::Transformer::forward takes.
   std::span<const float> forward_hidden(std::span<const int32_t> tokens, int64_t position);
 
-  int64_t cached() const { return cache_.size(); }  // positions in the KV cache
-  void truncate(int64_t positions) { cache_.truncate(positions); }
-  int64_t context() const { return cache_.capacity(); }
+  int64_t cached() const override { return cache_.size(); }
+  void truncate(int64_t positions) override { cache_.truncate(positions); }
+  int64_t context() const override { return cache_.capacity(); }
   const model::ModelConfig& config() const { return config_; }
   ThreadPool& pool() { return pool_; }
 
@@ -58,7 +52,16 @@ class Transformer {
   // Runs at most max_batch tokens through the layers; then, where `logits` is not null, writes the logits of
   // the last token or all tokens there.
   void forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which, float* logits);
+  // The block's norm (RMSNorm or LayerNorm, as the architecture says) of `rows` rows of n_embd values.
+  void normalize(float* out, const float* in, const model::LazyTensor& weight, const model::LazyTensor& bias,
+                 int64_t rows) const;
+  // out = input x weight (+ bias), for the rows that input_ holds.
+  void project(const model::LazyTensor& weight, const model::LazyTensor& bias, float* out);
+  // Queries, keys and values of xb_, rotated, into the cache; attention; the output projection into delta_.
+  void attention_block(int64_t layer, int64_t n_tokens, int64_t position);
   void attention(int64_t layer, int64_t n_tokens, int64_t position);
+  // The feed-forward network of xb_ into delta_.
+  void ffn_block(const model::LayerPlan& layer, int64_t n_tokens);
   void reserve_batch(int64_t n_tokens);
 
   const model::ExecutionPlan& plan_;
@@ -67,7 +70,8 @@ class Transformer {
   int64_t layers_;
   ThreadPool pool_;
   KvCache cache_;
-  std::vector<double> rope_inverse_frequencies_;
+  // The rotary frequencies of full-context layers [0] and of sliding-window layers [1].
+  std::vector<double> inverse_frequencies_[2];
 
   // Activations of the batch, one row per token (llama2.c's RunState).
   int64_t batch_capacity_ = 0;
@@ -80,7 +84,7 @@ class Transformer {
   std::vector<float> hb_;        // feed-forward gate, then silu(gate) * up [n, n_ff]
   std::vector<float> hb2_;       // feed-forward up [n, n_ff]
   std::vector<float> delta_;     // a block's output before it joins the residual stream [n, n_embd]
-  std::vector<float> rope_;      // (cos, sin) per dimension pair [n, rope_dims]
+  std::vector<float> rope_[2];   // (cos, sin) per dimension pair [n, rope_dims], of each kind of layer
   std::vector<float> scores_;    // attention scores, one context-sized row per thread
   std::vector<float> logits_;
   std::vector<float> hidden_;    // forward_hidden's result [n, n_embd]

@@ -1,5 +1,5 @@
-// Element-wise work on activations: SwiGLU (quantizing its output for the down projection in the same pass),
-// and the 8-bit and f16 forms that products read.
+// Element-wise work on activations: the feed-forward activation (SwiGLU, GeGLU or GELU, quantizing its output for
+// the down projection in the same pass), and the 8-bit and f16 forms that products read.
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
 #include "backend/gpu/quantize.cuh"
@@ -30,9 +30,15 @@ __global__ void __launch_bounds__(kThreads) f16_kernel(const float* x, int64_t n
   if (i < n) out[i] = float_to_half(x[i]);
 }
 
-template <ActivationBlocks kBlocks>
-__global__ void __launch_bounds__(kThreads) swiglu_kernel(const float* gate, const float* up, int64_t n,
-                                                          ActivationOutput out) {
+// GELU's tanh form, as llama.cpp computes it.
+__device__ __forceinline__ float gelu(float x) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+}
+
+template <ActivationBlocks kBlocks, Activation kActivation>
+__global__ void __launch_bounds__(kThreads) activation_kernel(const float* gate, const float* up, int64_t n,
+                                                              ActivationOutput out) {
   start_successor();
   wait_for_predecessor();
   __shared__ float2 scratch[kThreads / 32];
@@ -41,7 +47,10 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const float* gate, con
   float value = 0.0f;
   if (i < n) {
     const float g = gate[i];
-    value = silu_times(g, up[i]);
+    if constexpr (kActivation == Activation::Silu)
+      value = silu_times(g, up ? up[i] : 1.0f);
+    else
+      value = gelu(g) * (up ? up[i] : 1.0f);
     out.f32[i] = value;
   }
   quantize_element<kBlocks>(value, i, active, out.q, out.scales, out.f16, scratch);
@@ -80,11 +89,16 @@ void convert_to_f16(const float* x, int64_t n, uint16_t* out, gpuStream_t stream
   launch_overlapped("convert_to_f16", f16_kernel, blocks_for(n), kThreads, 0, stream, x, n, out);
 }
 
-void swiglu(const float* gate, const float* up, int64_t rows, int64_t cols, const ActivationOutput& out,
-            gpuStream_t stream) {
+void activate(Activation activation, const float* gate, const float* up, int64_t rows, int64_t cols,
+              const ActivationOutput& out, gpuStream_t stream) {
   const int64_t n = rows * cols;
   with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
-    launch_overlapped("swiglu", swiglu_kernel<kBlocks>, blocks_for(n), kThreads, 0, stream, gate, up, n, out);
+    if (activation == Activation::Silu)
+      launch_overlapped("activate", activation_kernel<kBlocks, Activation::Silu>, blocks_for(n), kThreads, 0, stream,
+                        gate, up, n, out);
+    else
+      launch_overlapped("activate", activation_kernel<kBlocks, Activation::Gelu>, blocks_for(n), kThreads, 0, stream,
+                        gate, up, n, out);
   });
 }
 

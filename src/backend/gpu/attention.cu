@@ -719,10 +719,11 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
   float maximum = -INFINITY;
   float sum = 0.0f;
   const int64_t positions = step[0] + t + 1;
+  const int64_t start = shape.window > 0 ? max(positions - shape.window, int64_t{0}) : 0;
   // 32 keys per step, one per lane: lane k scores key first + k on its own (the query is in shared memory,
   // the key row is read 16 bytes at a time), the team takes the step's maximum and sum, and then every lane
   // accumulates the weighted values of the 32 keys for its dimensions (l, l + 32, ...).
-  for (int64_t first = 0; first < positions; first += kTeam) {
+  for (int64_t first = start; first < positions; first += kTeam) {
     const int64_t p = first + lane;
     float score = -INFINITY;
     if (p < positions) {
@@ -740,7 +741,7 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
         const float2 k = load_halves(key + d);
         dot += q_team[d] * k.x + q_team[d + 1] * k.y;
       }
-      score = dot;
+      score = shape.cap > 0.0f ? shape.cap * tanhf(dot / shape.cap) : dot;
     }
     const float step_maximum = fmaxf(maximum, team_max(score));
     const float weight = p < positions ? expf(score - step_maximum) : 0.0f;
@@ -949,8 +950,6 @@ __global__ void __launch_bounds__(kPromptWarps * kTeam) attention_prompt_tensor_
 }
 #endif
 
-float attention_scale(const AttentionShape& shape) { return 1.0f / std::sqrt(static_cast<float>(shape.head_dim)); }
-
 // Query heads a decode thread block takes (a part): a divisor of the kv head's group, the fewest whose outputs fill
 // whole quantization blocks `quantized` values long (so that the part's blocks quantize them alone) and whose heads
 // still give every lane of a team a piece of each row; the whole group where none does. Fewer heads a block mean
@@ -1011,7 +1010,7 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
       with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
         launch_overlapped("attention_decode", attention_decode_kernel<kBlocks, kValues, kTensorCores>, grid,
                           kDecodeThreads, shared_bytes, stream, shape, q, k, v, cos_sin, key_cache, value_cache, step,
-                          attention_scale(shape), heads, parts_per_combine, partials, arrivals, out);
+                          shape.scale, heads, parts_per_combine, partials, arrivals, out);
       });
     };
     if constexpr (kValues == 8) {
@@ -1036,13 +1035,14 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
 // 19265-19339 -> 21336-21405; 1b pp4096 115021-115218 -> 120494-120576, pp8192 95289-95499 -> 103830-103993; pp512
 // the same.
 bool attention_prompt_rounds_to_f16(const AttentionShape& shape) {
-  return kBuildHasTensorCores && (shape.head_dim == 64 || shape.head_dim == 128);
+  return kBuildHasTensorCores && (shape.head_dim == 64 || shape.head_dim == 128) && shape.cap == 0.0f &&
+         shape.window == 0;
 }
 
 void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
                       const uint16_t* value_cache, int64_t n_tokens, const int32_t* step, float* out,
                       gpuStream_t stream) {
-  const float scale = attention_scale(shape);
+  const float scale = shape.scale;
 #if !defined(ROCMFORGE_GPU_HIP)
   if (attention_prompt_rounds_to_f16(shape)) {
     const dim3 grid(static_cast<unsigned>((n_tokens + kPromptTileTokens - 1) / kPromptTileTokens),

@@ -103,9 +103,42 @@ void quantize_rows(ActivationBlocks blocks, const float* x, int64_t rows, int64_
 // The f16 form of n values: what a GEMM multiplies with float weights.
 void convert_to_f16(const float* x, int64_t n, uint16_t* out, gpuStream_t stream);
 
-// out = silu(gate) * up for n rows of cols values (out.f32 may be gate).
-void swiglu(const float* gate, const float* up, int64_t rows, int64_t cols, const ActivationOutput& out,
-            gpuStream_t stream);
+// The feed-forward network's activation function.
+enum class Activation { Silu, Gelu };
+// out = act(gate) * up for n rows of cols values (out.f32 may be gate); up null: out = act(gate).
+void activate(Activation activation, const float* gate, const float* up, int64_t rows, int64_t cols,
+              const ActivationOutput& out, gpuStream_t stream);
+
+// LayerNorm of `rows` rows: (x - mean) / sqrt(var + eps) * weight + bias (bias may be null), with the forms of `out`.
+void layernorm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t cols, float eps,
+               const ActivationOutput& out, gpuStream_t stream);
+
+// Rows of up to three matrices, each row += its bias (one launch: the q, k and v biases of a layer).
+struct BiasSegment {
+  float* x = nullptr;
+  const float* bias = nullptr;
+  int64_t cols = 0;
+};
+void add_biases(std::span<const BiasSegment> segments, int64_t rows, gpuStream_t stream);
+
+// x += y for n values.
+void add(float* x, const float* y, int64_t n, gpuStream_t stream);
+
+// RMSNorm of each head (`head_dim` values) of `heads` rows of up to two matrices, in place (q and k norms).
+struct HeadNormSegment {
+  float* x = nullptr;
+  const float* weight = nullptr;
+  int64_t heads = 0;
+};
+void head_rmsnorm(std::span<const HeadNormSegment> segments, int64_t head_dim, float eps, gpuStream_t stream);
+
+// x = cap * tanh(x / cap) for n values.
+void soft_cap(float* x, int64_t n, float cap, gpuStream_t stream);
+
+// Each of the n_tokens rows of cols values x = x * scale + the learned position row (step[0] + t) of `positions`,
+// an F32 or F16 table (null: none).
+void scale_and_position(float* x, int64_t n_tokens, int64_t cols, float scale, TensorType positions_type,
+                        const void* positions, const int32_t* step, gpuStream_t stream);
 
 // The rotation angles of every position of a context: (cos, sin) of p * inverse_frequencies[i] for p < positions,
 // i < pairs, computed in double precision as the CPU does: cos_sin[2 * (p * pairs + i)] and [.. + 1]. Made once,
@@ -119,6 +152,9 @@ struct AttentionShape {
   int64_t head_dim;
   int64_t rope_pairs;  // leading dimension pairs of each head that rotate
   bool neox;           // pairs (i, i + rope_pairs) instead of (2i, 2i + 1)
+  float scale;         // of q . k
+  float cap = 0.0f;    // scores become cap * tanh(score / cap); 0: not capped
+  int64_t window = 0;  // a query sees the last `window` positions, itself included; 0: all before it
   constexpr int64_t q_dim() const { return n_heads * head_dim; }
   constexpr int64_t kv_dim() const { return n_kv_heads * head_dim; }
   constexpr int64_t heads_per_kv_head() const { return n_heads / n_kv_heads; }
@@ -131,8 +167,10 @@ void rope_and_store(const AttentionShape& shape, float* q, float* k, const float
                     int64_t n_tokens, const int32_t* step, uint16_t* key_cache, uint16_t* value_cache,
                     gpuStream_t stream);
 
-// Causal attention of n tokens at positions step[0].. over the cached keys and values 0 .. step[0] + t:
-// out[t * q_dim + h * head_dim + d]. Keys and values come from the f16 cache of one layer.
+// Causal attention of n tokens at positions step[0].. over the cached keys and values 0 .. step[0] + t (the last
+// shape.window of them where it is set), scores soft-capped where shape.cap is set: out[t * q_dim + h * head_dim +
+// d]. Keys and values come from the f16 cache of one layer. Any shape runs; tensor cores take those without a cap
+// or a window. With n = 1 after rope_and_store, this is also the plain path of a decoding step.
 void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
                       const uint16_t* value_cache, int64_t n_tokens, const int32_t* step, float* out,
                       gpuStream_t stream);
@@ -141,6 +179,9 @@ void attention_prompt(const AttentionShape& shape, const float* q, const uint16_
 // scale.
 bool attention_prompt_rounds_to_f16(const AttentionShape& shape);
 
+// Whether attention_decode runs `shape`: attention over the whole context without soft-capping (else a decoding step
+// takes the plain path: rope_and_store, attention_prompt).
+constexpr bool attention_decode_runs(const AttentionShape& shape) { return shape.cap == 0.0f && shape.window == 0; }
 // One token (decoding) at position step[0], over positions 0 .. step[0], in one launch (split-K). q, k and v are the
 // token's projections before rotation: the launch rotates q and k by the angles of step[0] in cos_sin (a rope_table)
 // and writes k and v to the cache rows of step[0], as rope_and_store would. The query heads of a kv head are

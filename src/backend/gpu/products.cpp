@@ -20,8 +20,13 @@
 namespace rf::gpu {
 
 DeviceMatrix device_matrix(const model::LazyTensor& weight) {
-  return {weight.type(), weight_view(weight.data(), weight.type(), weight.rows(), weight.cols()), weight.rows(),
-          weight.cols()};
+  const auto stored_rows = static_cast<int64_t>(weight.info().rows());
+  WeightView view = weight_view(weight.data(), weight.type(), stored_rows, weight.cols());
+  // A slice's rows start first() rows in: its payloads and (split types) scales are those of its first block on.
+  const int64_t first_block = weight.first() * weight.cols() / tensor_type_info(weight.type()).block_elements;
+  view.blocks += static_cast<uint64_t>(first_block) * device_layout(weight.type(), 0).block_stride;
+  if (view.scales) view.scales += first_block;
+  return {weight.type(), view, weight.rows(), weight.cols()};
 }
 
 ActivationRows::ActivationRows(int64_t capacity, int64_t cols)

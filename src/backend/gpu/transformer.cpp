@@ -19,8 +19,25 @@ namespace {
 
 size_t bytes_of_floats(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 
-AttentionShape attention_shape(const model::ModelConfig& c) {
-  return {c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dims / 2, c.rope_style == model::RopeStyle::NeoX};
+// The attention of layer l (its window where it slides); layer -1: the shape every layer shares but the window.
+AttentionShape attention_shape(const model::ModelConfig& c, int64_t l = -1) {
+  return {c.n_heads,         c.n_kv_heads,       c.head_dim,
+          c.rope_dims / 2,   c.rope_style == model::RopeStyle::NeoX,
+          c.attention_scale, c.attention_cap,    l >= 0 && c.sliding(l) ? c.sliding_window : 0};
+}
+
+// A vector of F32 weights (or a slice of one) on the device; null for an empty handle.
+const float* f32_data(const model::LazyTensor& tensor) {
+  if (!tensor) return nullptr;
+  return reinterpret_cast<const float*>(static_cast<const uint8_t*>(tensor.data()) + tensor.stored_offset());
+}
+
+// Whether a layer is the llama block and nothing more: what the product chains compute.
+bool llama_block(const model::ModelConfig& c, const model::LayerPlan& layer) {
+  return c.arch->norm == model::NormKind::Rms && c.arch->ffn == model::FfnKind::SiluGated && !c.arch->parallel_blocks &&
+         !layer.attn_q_bias && !layer.attn_k_bias && !layer.attn_v_bias && !layer.attn_q_norm &&
+         !layer.attn_output_bias && !layer.attn_post_norm && !layer.ffn_gate_bias && !layer.ffn_up_bias &&
+         !layer.ffn_down_bias && !layer.ffn_post_norm;
 }
 
 // Rejects what the kernels cannot run from layer first_layer on, naming it.
@@ -31,6 +48,15 @@ void check_supported(const model::ExecutionPlan& plan, const AttentionShape& sha
   if (shape.heads_per_kv_head() > kMaxHeadsPerKvHead)
     fail("the GPU backend shares a kv head among at most {} query heads, the model among {}", kMaxHeadsPerKvHead,
          shape.heads_per_kv_head());
+  const model::LazyTensor& positions = plan.position_embd();
+  if (positions && positions.type() != TensorType::F32 && positions.type() != TensorType::F16)
+    fail("tensor '{}' has type {}: the GPU backend takes learned positions in F32 or F16", positions.name(),
+         tensor_type_name(positions.type()));
+  // A post-norm's output passes through the normalized rows, which a parallel block's feed-forward still reads.
+  if (plan.config().arch->parallel_blocks &&
+      std::any_of(plan.layers().begin(), plan.layers().end(),
+                  [](const model::LayerPlan& layer) { return layer.attn_post_norm || layer.ffn_post_norm; }))
+    fail("the GPU backend runs no post-norms in blocks whose attention and feed-forward run in parallel");
   std::vector<const model::LazyTensor*> matrices{&plan.output()};
   if (first_layer == 0) matrices.push_back(&plan.token_embd());
   for (int64_t l = first_layer; l < plan.config().n_layers; ++l)
@@ -108,7 +134,7 @@ std::optional<ProductChain> chain_after_attention(const model::ExecutionPlan& pl
   const bool last = l + 1 == c.n_layers;
   ProductChain chain;
   chain.type = layer.attn_output.type();
-  chain.eps = c.rms_eps;
+  chain.eps = c.norm_eps;
   bool one_type = true;
   const auto add = [&](const float* input, const model::LazyTensor* norm, ChainOutput output,
                        std::initializer_list<std::pair<const model::LazyTensor*, float*>> targets) {
@@ -137,7 +163,7 @@ std::optional<ProductChain> chain_after_attention(const model::ExecutionPlan& pl
     // Where a block's row sums of the vocabulary do not fit its shared memory, the logits are a product of their own.
     if (!product_chain_runs(chain)) --chain.steps;
   }
-  if (!one_type) return std::nullopt;
+  if (!one_type || !llama_block(c, layer) || (!last && !llama_block(c, plan.layer(l + 1)))) return std::nullopt;
   return chain;
 }
 
@@ -228,7 +254,10 @@ struct Transformer::State {
   ActivationRows attention_out;  // [n, q_dim]
   ActivationRows hidden;         // feed-forward gate, then silu(gate) * up [n, n_ff]
   DeviceBuffer up;               // feed-forward up [n, n_ff]
-  DeviceBuffer rope;             // (cos, sin) per position of the context and dimension pair (rope_table)
+  DeviceBuffer block_out;        // a block's output before its post-norm [n, n_embd] (models with post-norms)
+  // (cos, sin) per position of the context and dimension pair (rope_table) of full-context layers [0] and of
+  // sliding-window layers [1] (where those rotate with a base of their own).
+  DeviceBuffer rope[2];
   DeviceBuffer partials;         // split-K attention partial results and block counters (zeroed once)
   DeviceBuffer chain_arrivals;   // the product chains' grid barrier counter (zeroed once)
   DeviceBuffer logits_all;       // [rows, vocab], grown on demand
@@ -262,21 +291,31 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
       attention_out(max_batch, config.q_dim()),
       hidden(max_batch, config.n_ff),
       up(bytes_of_floats(max_batch * config.n_ff), "activations"),
-      rope(bytes_of_floats(context * 2 * shape.rope_pairs), "rotary angles"),
       partials(bytes_of_floats(attention_partials_floats(shape, context)), "attention partials"),
       chain_arrivals(sizeof(unsigned), "the product chains' counter"),
       step_device(static_cast<size_t>(1 + max_batch) * sizeof(int32_t), "the batch's tokens"),
       step_host(static_cast<size_t>(1 + max_batch) * sizeof(int32_t), "the batch's tokens"),
       logits_host(bytes_of_floats(config.vocab_size), "logits") {
   if (first_layer > 0) hidden_host = PinnedBuffer(bytes_of_floats(max_batch * config.n_embd), "the residual stream");
+  if (std::any_of(plan.layers().begin(), plan.layers().end(),
+                  [](const model::LayerPlan& layer) { return layer.attn_post_norm || layer.ffn_post_norm; }))
+    block_out = DeviceBuffer(bytes_of_floats(max_batch * config.n_embd), "activations");
   const float* freq_factors = plan.rope_freqs()
                                   ? reinterpret_cast<const float*>(plan.file().tensor_data(plan.rope_freqs().info()).data())
                                   : nullptr;
-  const std::vector<double> inverse = cpu::rope_inverse_frequencies(config, freq_factors);
-  const DeviceBuffer inverse_frequencies(inverse.size() * sizeof(double), "rotary frequencies");
-  check(gpuMemcpy(inverse_frequencies.data(), inverse.data(), inverse_frequencies.bytes(), gpuMemcpyHostToDevice),
-        "uploading rotary frequencies");
-  rope_table(inverse_frequencies.as<double>(), shape.rope_pairs, context, rope.as<float>(), stream.get());
+  std::vector<DeviceBuffer> frequencies;  // kept until the tables are made
+  for (const bool sliding : {false, true}) {
+    if (sliding && (config.sliding_window == 0 || config.rope_inverse_frequencies(true, freq_factors) ==
+                                                      config.rope_inverse_frequencies(false, freq_factors)))
+      break;
+    const std::vector<double> inverse = config.rope_inverse_frequencies(sliding, freq_factors);
+    const DeviceBuffer& inverse_frequencies =
+        frequencies.emplace_back(inverse.size() * sizeof(double), "rotary frequencies");
+    check(gpuMemcpy(inverse_frequencies.data(), inverse.data(), inverse_frequencies.bytes(), gpuMemcpyHostToDevice),
+          "uploading rotary frequencies");
+    rope[sliding] = DeviceBuffer(bytes_of_floats(context * 2 * shape.rope_pairs), "rotary angles");
+    rope_table(inverse_frequencies.as<double>(), shape.rope_pairs, context, rope[sliding].as<float>(), stream.get());
+  }
   // attention_decode counts finished blocks from zero and leaves the counters zeroed.
   check(gpuMemsetAsync(partials.data(), 0, partials.bytes(), stream.get()), "clearing the attention counters");
   check(gpuMemsetAsync(chain_arrivals.data(), 0, chain_arrivals.bytes(), stream.get()), "clearing the chains' counter");
@@ -285,11 +324,7 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
 
 template <typename Stage>
 std::span<const float> Transformer::State::run(int64_t n, int64_t position, Logits which, const Stage& stage) {
-  if (n == 0) fail("forward: no tokens to evaluate");
-  if (position < 0 || position > cached)
-    fail("forward: position {} is not within the {} cached positions", position, cached);
-  if (position + n > context)
-    fail("{} tokens at position {} do not fit in the context of {} positions", n, position, context);
+  model::check_positions(config, n, position, cached, context);
   cached = position;
   if (which == Logits::All) all_logits.resize(static_cast<size_t>(n * config.vocab_size));
   for (int64_t start = 0; start < n; start += max_batch) {
@@ -336,21 +371,51 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
   auto* const step = step_device.as<int32_t>();
   check(gpuMemcpyAsync(step, step_host.data(), static_cast<size_t>(1 + n) * sizeof(int32_t), gpuMemcpyHostToDevice, s),
         "copying the batch's tokens");
-  const auto f32 = [](const model::LazyTensor& tensor) { return static_cast<const float*>(tensor.data()); };
   const auto multiply = [&](std::initializer_list<Products::Target> targets, ActivationRows& input, int64_t rows,
                             bool accumulate) {
     products.multiply({targets.begin(), targets.size()}, input, rows, accumulate, s);
   };
-  // The norm also writes the 8-bit form that `consumer`'s product reads.
-  const auto normalize = [&](const float* in, const model::LazyTensor& weight, int64_t rows,
-                             const model::LazyTensor& consumer) {
-    rmsnorm(in, f32(weight), rows, c.n_embd, c.rms_eps, normalized.output_for(consumer.type(), rows), s);
+  // Up to three (y, bias) pairs of n rows in one launch; empty biases are left out.
+  const auto add_bias_rows = [&](std::initializer_list<std::pair<float*, const model::LazyTensor*>> pairs,
+                                 int64_t rows) {
+    BiasSegment segments[3];
+    size_t count = 0;
+    for (const auto& [y, bias] : pairs)
+      if (*bias) segments[count++] = {y, f32_data(*bias), bias->cols()};
+    add_biases({segments, count}, rows, s);
+  };
+  const auto add_bias = [&](float* y, const model::LazyTensor& bias, int64_t rows) { add_bias_rows({{y, &bias}}, rows); };
+  // The block's norm (RMSNorm or LayerNorm) of rows of the stream into `normalized`, also writing the 8-bit form
+  // that `consumer`'s product reads.
+  const auto normalize = [&](const float* in, const model::LazyTensor& weight, const model::LazyTensor& bias,
+                             int64_t rows, const model::LazyTensor& consumer) {
+    const ActivationOutput out = normalized.output_for(consumer.type(), rows);
+    if (c.arch->norm == model::NormKind::Rms)
+      rmsnorm(in, f32_data(weight), rows, c.n_embd, c.norm_eps, out, s);
+    else
+      layernorm(in, f32_data(weight), f32_data(bias), rows, c.n_embd, c.norm_eps, out, s);
+  };
+  // weight x input (+ bias) added to the residual stream, through the post-norm where the layer has one.
+  const auto add_to_stream = [&](const model::LazyTensor& weight, const model::LazyTensor& bias,
+                                 const model::LazyTensor& post_norm, ActivationRows& input) {
+    float* out = post_norm ? block_out.as<float>() : x.as<float>();
+    multiply({{device_matrix(weight), out}}, input, n, !post_norm);
+    add_bias(out, bias, n);
+    if (!post_norm) return;
+    normalized.changed();
+    rmsnorm(out, f32_data(post_norm), n, c.n_embd, c.norm_eps, ActivationOutput{.f32 = normalized.f32()}, s);
+    add(x.as<float>(), normalized.f32(), n * c.n_embd, s);
   };
 
-  // Each token's embedding row (or the residual stream the layers before first_layer made).
+  // Each token's embedding row (scaled, and with its learned position, where the model says), or the residual
+  // stream the layers before first_layer made.
   if (first_layer == 0) {
     const DeviceMatrix embeddings = device_matrix(plan.token_embd());
     embed_tokens(embeddings.type, embeddings.view, c.n_embd, step, n, x.as<float>(), s);
+    const model::LazyTensor& positions = plan.position_embd();
+    if (c.embedding_scale != 1.0f || positions)
+      scale_and_position(x.as<float>(), n, c.n_embd, c.embedding_scale, positions ? positions.type() : TensorType::F32,
+                         positions ? positions.data() : nullptr, step, s);
   } else {
     check(gpuMemcpyAsync(x.data(), hidden_host.data(), bytes_of_floats(n * c.n_embd), gpuMemcpyHostToDevice, s),
           "copying the residual stream");
@@ -364,28 +429,38 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
   };
   for (int64_t l = first_layer; l < c.n_layers; ++l) {
     const model::LayerPlan& layer = plan.layer(l);
+    const AttentionShape layer_shape = attention_shape(c, l);
+    const float* angles = rope[c.sliding(l) && rope[1].data()].as<float>();
     // The layer's weights may still be streaming in: wait for this layer's only (at once when resident), and in
     // chains for the next layer's too.
     plan.preload_layers(l, in_chains ? std::min(l + 1, c.n_layers - 1) : l);
 
-    // Attention: queries, keys and values of the normalized stream, rotated by position; keys and values
-    // join the cache; the attention output is projected back and added to the residual stream.
+    // Attention: queries, keys and values of the normalized stream (with their biases, each head normalized
+    // where the model says), rotated by position; keys and values join the cache; the attention output is
+    // projected back and added to the residual stream.
     if (!in_chains || l == first_layer) {
-      normalize(x.as<float>(), layer.attn_norm, n, layer.attn_q);
+      normalize(x.as<float>(), layer.attn_norm, layer.attn_norm_bias, n, layer.attn_q);
       multiply({{device_matrix(layer.attn_q), q.as<float>()},
                 {device_matrix(layer.attn_k), k.as<float>()},
                 {device_matrix(layer.attn_v), v.as<float>()}},
                normalized, n, false);
     }
-    if (n == 1) {
+    add_bias_rows({{q.as<float>(), &layer.attn_q_bias}, {k.as<float>(), &layer.attn_k_bias},
+                   {v.as<float>(), &layer.attn_v_bias}},
+                  n);
+    if (layer.attn_q_norm) {
+      const HeadNormSegment heads[] = {{q.as<float>(), f32_data(layer.attn_q_norm), n * c.n_heads},
+                                       {k.as<float>(), f32_data(layer.attn_k_norm), n * c.n_kv_heads}};
+      head_rmsnorm(heads, c.head_dim, c.norm_eps, s);
+    }
+    if (n == 1 && attention_decode_runs(layer_shape)) {
       // Also rotates q and k, stores k and v, and writes the 8-bit form that the output projection reads.
-      attention_decode(shape, q.as<float>(), k.as<float>(), v.as<float>(), rope.as<float>(), key_cache(l),
-                       value_cache(l), context, step, partials.as<float>(),
-                       attention_out.output_for(layer.attn_output.type(), n), s);
+      attention_decode(layer_shape, q.as<float>(), k.as<float>(), v.as<float>(), angles, key_cache(l), value_cache(l),
+                       context, step, partials.as<float>(), attention_out.output_for(layer.attn_output.type(), n), s);
     } else {
-      rope_and_store(shape, q.as<float>(), k.as<float>(), v.as<float>(), rope.as<float>(), n, step, key_cache(l),
+      rope_and_store(layer_shape, q.as<float>(), k.as<float>(), v.as<float>(), angles, n, step, key_cache(l),
                      value_cache(l), s);
-      attention_prompt(shape, q.as<float>(), key_cache(l), value_cache(l), n, step, attention_out.f32(), s);
+      attention_prompt(layer_shape, q.as<float>(), key_cache(l), value_cache(l), n, step, attention_out.f32(), s);
       attention_out.changed();
     }
     if (in_chains) {
@@ -398,21 +473,33 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
       if (l + 1 == c.n_layers && chain->step[chain->steps - 1].y[0] == logits) return;
       continue;
     }
-    multiply({{device_matrix(layer.attn_output), x.as<float>()}}, attention_out, n, true);
+    add_to_stream(layer.attn_output, layer.attn_output_bias, layer.attn_post_norm, attention_out);
 
-    // Feed-forward: down(silu(gate(x)) * up(x)) of the normalized stream, added to the residual stream.
-    normalize(x.as<float>(), layer.ffn_norm, n, layer.ffn_gate);
-    multiply({{device_matrix(layer.ffn_gate), hidden.f32()}, {device_matrix(layer.ffn_up), up.as<float>()}}, normalized,
-             n, false);
-    swiglu(hidden.f32(), up.as<float>(), n, c.n_ff, hidden.output_for(layer.ffn_down.type(), n), s);
-    multiply({{device_matrix(layer.ffn_down), x.as<float>()}}, hidden, n, true);
+    // Feed-forward of the stream normalized anew (or, where attention and feed-forward run in parallel, of the
+    // attention's normalized input): down(act(gate(x)) * up(x)), or down(gelu(up(x))), added to the stream.
+    if (!c.arch->parallel_blocks) normalize(x.as<float>(), layer.ffn_norm, layer.ffn_norm_bias, n, layer.ffn_gate ? layer.ffn_gate : layer.ffn_up);
+    const Activation activation = c.arch->ffn == model::FfnKind::SiluGated ? Activation::Silu : Activation::Gelu;
+    if (layer.ffn_gate) {
+      multiply({{device_matrix(layer.ffn_gate), hidden.f32()}, {device_matrix(layer.ffn_up), up.as<float>()}},
+               normalized, n, false);
+      add_bias_rows({{hidden.f32(), &layer.ffn_gate_bias}, {up.as<float>(), &layer.ffn_up_bias}}, n);
+    } else {
+      multiply({{device_matrix(layer.ffn_up), hidden.f32()}}, normalized, n, false);
+      add_bias(hidden.f32(), layer.ffn_up_bias, n);
+    }
+    activate(activation, hidden.f32(), layer.ffn_gate ? up.as<float>() : nullptr, n, c.n_ff,
+             hidden.output_for(layer.ffn_down.type(), n), s);
+    add_to_stream(layer.ffn_down, layer.ffn_down_bias, layer.ffn_post_norm, hidden);
   }
   if (!logits) return;
 
-  // The final norm and the projection to the vocabulary, for the rows whose logits are wanted.
+  // The final norm and the projection to the vocabulary (plus its bias, soft-capped where the model says), for
+  // the rows whose logits are wanted.
   const int64_t first = which == Logits::All ? 0 : n - 1;
-  normalize(x.as<float>() + first * c.n_embd, plan.output_norm(), n - first, plan.output());
+  normalize(x.as<float>() + first * c.n_embd, plan.output_norm(), plan.output_norm_bias(), n - first, plan.output());
   multiply({{device_matrix(plan.output()), logits}}, normalized, n - first, false);
+  add_bias(logits, plan.output_bias(), n - first);
+  if (c.logits_cap > 0.0f) soft_cap(logits, (n - first) * c.vocab_size, c.logits_cap, s);
 }
 
 Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options) {
@@ -470,9 +557,7 @@ std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int
   if (s.first_layer > 0)
     fail("this GPU transformer runs layers {}.. only: it takes the residual stream of the layers before",
          s.first_layer);
-  for (const int32_t token : tokens)
-    if (token < 0 || token >= s.config.vocab_size)
-      fail("token id {} is out of range: the vocabulary has {} tokens", token, s.config.vocab_size);
+  model::check_tokens(s.config, tokens);
   return s.run(static_cast<int64_t>(tokens.size()), position, which, [&](int64_t start, int64_t count) {
     std::copy_n(tokens.begin() + start, count, s.step_host.as<int32_t>() + 1);
   });

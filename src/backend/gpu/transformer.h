@@ -1,4 +1,4 @@
-// The llama forward pass on a GPU: the computation of cpu::Transformer (backend/cpu/transformer.h) with the
+// The forward pass on a GPU: the computation of cpu::Transformer (backend/cpu/transformer.h) with the
 // same interface, so that a caller can run either backend. Weights stay in device memory in their stored
 // types (gpu::DeviceResidency); activations are f32, the KV cache f16, all in device memory. Constructing a
 // Transformer checks that weights, KV cache and activations fit in device memory and starts streaming the
@@ -14,6 +14,7 @@
 #include <span>
 
 #include "model/execution_plan.h"
+#include "model/forward_pass.h"
 
 namespace rf::gpu {
 
@@ -40,18 +41,14 @@ struct TransformerOptions {
   enum class Chains { Auto, Always, Never } chains = Chains::Auto;
 };
 
-// Which logits forward() returns.
-enum class Logits {
-  Last,  // of the last token only (generation)
-  All,   // of every token, row by row (evaluation, perplexity)
-};
+using model::Logits;
 
 // The residency a plan must be built with to run here (gpu::DeviceResidency): 8 reader threads (at most one
 // per hardware thread) and a progress bar on a terminal while loading takes longer than a moment. It holds
 // layers first_layer.. and the output: a transformer on its plan runs those.
 std::shared_ptr<model::Residency> make_residency(int64_t first_layer = 0);
 
-class Transformer {
+class Transformer final : public model::ForwardPass {
  public:
   // Allocates the KV cache and the activations on the device and starts streaming the plan's weights; returns
   // without waiting for them. A model the kernels cannot run (a head dimension above 256, rows of float
@@ -63,16 +60,15 @@ class Transformer {
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
-  // As cpu::Transformer::forward: evaluates `tokens` at positions position, position + 1, ... (position <=
-  // cached()) and returns the logits of the last token or of all tokens, valid until the next call.
-  std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, Logits which = Logits::Last);
+  std::span<const float> forward(std::span<const int32_t> tokens, int64_t position,
+                                 Logits which = Logits::Last) override;
   // The same for a transformer on a residency from layer F > 0 on (make_residency(F)): `hidden` holds the
   // residual stream after layer F - 1, n_embd floats per token (cpu::Transformer::forward_hidden).
   std::span<const float> forward(std::span<const float> hidden, int64_t position, Logits which = Logits::Last);
 
-  int64_t cached() const;
-  void truncate(int64_t positions);
-  int64_t context() const;
+  int64_t cached() const override;
+  void truncate(int64_t positions) override;
+  int64_t context() const override;
   int64_t max_batch() const;  // tokens per pass
   // Whether decode steps run the products after each attention as chains (TransformerOptions::chains).
   bool decodes_in_chains() const;

@@ -1,0 +1,181 @@
+// The small steps that some architectures add to the llama block: LayerNorm, biases, per-head q/k norms, post-norms'
+// residual adds, soft-capping, and scaled or position-embedded inputs. Each is one plain launch; the llama block
+// needs none of them.
+#include <algorithm>
+
+#include "backend/gpu/device.cuh"
+#include "backend/gpu/kernels.h"
+#include "backend/gpu/quantize.cuh"
+
+namespace rf::gpu {
+namespace {
+
+constexpr int kThreads = kQuantizeThreads;
+
+unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+struct Moments {
+  double sum;
+  double squares;
+};
+__device__ __forceinline__ Moments shuffle_xor(const Moments& m, int mask, int width) {
+  return {rf::gpu::shuffle_xor(m.sum, mask, width), rf::gpu::shuffle_xor(m.squares, mask, width)};
+}
+
+// A row is shared out in chunks of kThreads values as rmsnorm does; every block sums the whole row itself.
+template <ActivationBlocks kBlocks>
+__global__ void __launch_bounds__(kThreads) layernorm_kernel(const float* x, const float* weight, const float* bias,
+                                                             int64_t cols, float eps, ActivationOutput out) {
+  start_successor();
+  wait_for_predecessor();
+  __shared__ Moments scratch[kThreads / 32];
+  __shared__ float2 pairs[kThreads / 32];
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * cols;
+  const float* row = x + first;
+  Moments own{0.0, 0.0};
+  for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
+    own.sum += row[j];
+    own.squares += static_cast<double>(row[j]) * row[j];
+  }
+  const Moments total = block_reduce(own, scratch, [](const Moments& a, const Moments& b) {
+    return Moments{a.sum + b.sum, a.squares + b.squares};
+  });
+  const double mean = total.sum / static_cast<double>(cols);
+  const double variance = total.squares / static_cast<double>(cols) - mean * mean;
+  const float scale = 1.0f / sqrtf(static_cast<float>(variance) + eps);
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  float value = 0.0f;
+  if (i < cols) {
+    value = (row[i] - static_cast<float>(mean)) * scale * weight[i] + (bias ? bias[i] : 0.0f);
+    out.f32[first + i] = value;
+  }
+  const bool active = i - threadIdx.x % kTeam < cols;
+  quantize_element<kBlocks>(value, first + i, active, out.q, out.scales, out.f16, pairs);
+}
+
+struct BiasSegments {
+  BiasSegment segment[3];
+};
+
+__global__ void __launch_bounds__(kThreads) add_biases_kernel(BiasSegments segments, int64_t rows) {
+  start_successor();
+  wait_for_predecessor();
+  const BiasSegment& s = segments.segment[blockIdx.y];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < rows * s.cols) s.x[i] += s.bias[i % s.cols];
+}
+
+__global__ void __launch_bounds__(kThreads) add_kernel(float* x, const float* y, int64_t n) {
+  start_successor();
+  wait_for_predecessor();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+struct HeadNormSegments {
+  HeadNormSegment segment[2];
+};
+
+// One team per head.
+__global__ void __launch_bounds__(kThreads) head_rmsnorm_kernel(HeadNormSegments segments, int64_t head_dim,
+                                                                float eps) {
+  start_successor();
+  wait_for_predecessor();
+  const HeadNormSegment& s = segments.segment[blockIdx.y];
+  const int64_t head = static_cast<int64_t>(blockIdx.x) * (kThreads / kTeam) + threadIdx.x / kTeam;
+  if (head >= s.heads) return;
+  const int lane = static_cast<int>(threadIdx.x % kTeam);
+  float* x = s.x + head * head_dim;
+  float squares = 0.0f;
+  for (int64_t d = lane; d < head_dim; d += kTeam) squares += x[d] * x[d];
+  const float scale = rms_scale(team_sum(squares), head_dim, eps);
+  for (int64_t d = lane; d < head_dim; d += kTeam) x[d] = x[d] * scale * s.weight[d];
+}
+
+__global__ void __launch_bounds__(kThreads) soft_cap_kernel(float* x, int64_t n, float cap) {
+  start_successor();
+  wait_for_predecessor();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) x[i] = cap * tanhf(x[i] / cap);
+}
+
+template <typename Position>
+__global__ void __launch_bounds__(kThreads) scale_and_position_kernel(float* x, int64_t n_tokens, int64_t cols,
+                                                                      float scale, const Position* positions,
+                                                                      const int32_t* step) {
+  start_successor();
+  wait_for_predecessor();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n_tokens * cols) return;
+  float value = x[i] * scale;
+  if (positions) {
+    const Position learned = positions[(step[0] + i / cols) * cols + i % cols];
+    if constexpr (sizeof(Position) == 2)
+      value += half_to_float(learned);
+    else
+      value += learned;
+  }
+  x[i] = value;
+}
+
+}  // namespace
+
+void layernorm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t cols, float eps,
+               const ActivationOutput& out, gpuStream_t stream) {
+  const dim3 grid(blocks_for(cols), static_cast<unsigned>(rows));
+  with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
+    launch_overlapped("layernorm", layernorm_kernel<kBlocks>, grid, kThreads, 0, stream, x, weight, bias, cols, eps,
+                      out);
+  });
+}
+
+void add_biases(std::span<const BiasSegment> segments, int64_t rows, gpuStream_t stream) {
+  if (segments.empty()) return;
+  if (segments.size() > 3) fail_with("add_biases: at most three segments a launch");
+  BiasSegments packed{};
+  int64_t widest = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    packed.segment[i] = segments[i];
+    widest = std::max(widest, segments[i].cols);
+  }
+  const dim3 grid(blocks_for(rows * widest), static_cast<unsigned>(segments.size()));
+  launch_overlapped("add_biases", add_biases_kernel, grid, kThreads, 0, stream, packed, rows);
+}
+
+void add(float* x, const float* y, int64_t n, gpuStream_t stream) {
+  launch_overlapped("add", add_kernel, blocks_for(n), kThreads, 0, stream, x, y, n);
+}
+
+void head_rmsnorm(std::span<const HeadNormSegment> segments, int64_t head_dim, float eps, gpuStream_t stream) {
+  if (segments.empty()) return;
+  if (segments.size() > 2) fail_with("head_rmsnorm: at most two segments a launch");
+  HeadNormSegments packed{};
+  int64_t most = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    packed.segment[i] = segments[i];
+    most = std::max(most, segments[i].heads);
+  }
+  constexpr int64_t kHeadsPerBlock = kThreads / kTeam;
+  const dim3 grid(static_cast<unsigned>((most + kHeadsPerBlock - 1) / kHeadsPerBlock),
+                  static_cast<unsigned>(segments.size()));
+  launch_overlapped("head_rmsnorm", head_rmsnorm_kernel, grid, kThreads, 0, stream, packed, head_dim, eps);
+}
+
+void soft_cap(float* x, int64_t n, float cap, gpuStream_t stream) {
+  launch_overlapped("soft_cap", soft_cap_kernel, blocks_for(n), kThreads, 0, stream, x, n, cap);
+}
+
+void scale_and_position(float* x, int64_t n_tokens, int64_t cols, float scale, TensorType positions_type,
+                        const void* positions, const int32_t* step, gpuStream_t stream) {
+  const unsigned blocks = blocks_for(n_tokens * cols);
+  if (positions && positions_type == TensorType::F16)
+    launch_overlapped("scale_and_position", scale_and_position_kernel<uint16_t>, blocks, kThreads, 0, stream, x,
+                      n_tokens, cols, scale, static_cast<const uint16_t*>(positions), step);
+  else if (!positions || positions_type == TensorType::F32)
+    launch_overlapped("scale_and_position", scale_and_position_kernel<float>, blocks, kThreads, 0, stream, x,
+                      n_tokens, cols, scale, static_cast<const float*>(positions), step);
+  else
+    fail_with("scale_and_position: learned positions must be F32 or F16");
+}
+
+}  // namespace rf::gpu
