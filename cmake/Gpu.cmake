@@ -79,6 +79,10 @@ function(rocmforge_gpu_module)
     target_link_libraries(rf_backend_gpu PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
   else()
     # hipcc compiles each kernel file to an object with its header dependencies (depfile, for Ninja and Make).
+    # The objects' folder is made at configure time: Ninja makes an output's folder itself, Unix Makefiles do
+    # not, and hipcc cannot open its -MF file in a missing one.
+    set(object_dir ${CMAKE_CURRENT_BINARY_DIR}/rf_backend_gpu_hip)
+    file(MAKE_DIRECTORY ${object_dir})
     set(objects)
     set(arch_flags)
     foreach(arch ${ROCMFORGE_HIP_ARCHITECTURES})
@@ -90,7 +94,7 @@ function(rocmforge_gpu_module)
     endif()
     foreach(source ${kernel_sources})
       get_filename_component(name ${source} NAME)
-      set(object ${CMAKE_CURRENT_BINARY_DIR}/rf_backend_gpu_hip/${name}.o)
+      set(object ${object_dir}/${name}.o)
       add_custom_command(
         OUTPUT ${object}
         COMMAND ${ROCMFORGE_HIPCC} -x hip -std=c++20 -fPIC ${config_flags} ${arch_flags} -DROCMFORGE_GPU_HIP
