@@ -1,6 +1,7 @@
-// rocmforge gen-model: a llama model of a real model's shape with random N(0, 0.02) weights (norms 1.0) and a
-// real tokenizer, for testing and benchmarking the engine at full size without downloading weights. Rows are
-// generated and quantized in parallel; each row's random numbers depend only on (seed, tensor, row), so a
+// rocmforge gen-model: a model of a real model's shape with random N(0, 0.02) weights and biases (norms 1.0)
+// and a real tokenizer, for testing and benchmarking the engine at full size without downloading weights. Each
+// family (llama, qwen2, qwen3, phi3, gemma3) gets llama.cpp's tensor names and keys for its architecture. Rows
+// are generated and quantized in parallel; each row's random numbers depend only on (seed, tensor, row), so a
 // file is the same whatever the thread count.
 #include <algorithm>
 #include <array>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <numbers>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -26,33 +28,79 @@ namespace rf::cli {
 namespace {
 
 constexpr float kWeightStddev = 0.02f;
-constexpr float kRmsNormEpsilon = 1e-5f;
+
+// What a family's files hold besides the tensors and keys that every family has.
+enum Feature : uint32_t {
+  kQkvBias = 1u << 0,       // attn_q.bias, attn_k.bias, attn_v.bias (attn_qkv.bias where fused)
+  kQkNorm = 1u << 1,        // attn_q_norm.weight, attn_k_norm.weight: per-head norms of queries and keys
+  kPostNorms = 1u << 2,     // post_attention_norm.weight, post_ffw_norm.weight: norms of a block's outputs
+  kFusedQkv = 1u << 3,      // attn_qkv.weight (q, k and v rows) in place of attn_q, attn_k and attn_v
+  kFusedGateUp = 1u << 4,   // ffn_up.weight holds the gate's rows then up's; no ffn_gate.weight
+  kHeadSizeKeys = 1u << 5,  // attention.key_length and attention.value_length
+  kRopeDimsKey = 1u << 6,   // rope.dimension_count
+};
+
+struct Family {
+  std::string_view architecture;  // general.architecture, and the prefix of the hyperparameter keys
+  float norm_epsilon;             // attention.layer_norm_rms_epsilon
+  uint32_t features;
+};
+
+constexpr Family kLlama{"llama", 1e-5f, kRopeDimsKey};
+constexpr Family kQwen2{"qwen2", 1e-6f, kQkvBias};
+constexpr Family kQwen3{"qwen3", 1e-6f, kQkNorm | kHeadSizeKeys | kRopeDimsKey};
+constexpr Family kPhi3{"phi3", 1e-5f, kFusedQkv | kFusedGateUp | kRopeDimsKey};
+constexpr Family kGemma3{"gemma3", 1e-6f, kQkNorm | kPostNorms | kHeadSizeKeys};
+
+// Sliding-window attention (Gemma 3): all layers but every `pattern`-th see only the last `window` positions,
+// and rotate with their own base.
+struct SlidingWindow {
+  uint32_t window = 0;  // 0: none
+  uint32_t pattern = 0;
+  float rope_base = 0.0f;
+};
 
 struct ModelShape {
   std::string_view name;
+  Family family;
   uint32_t dim;
   uint32_t n_layers;
   uint32_t n_heads;
   uint32_t n_kv_heads;
+  uint32_t head_dim;  // dim / n_heads, except where the family sets its own (Gemma 3)
   uint32_t ffn_dim;
   uint32_t context;
   float rope_base;
   bool tied_embeddings;  // no output.weight: token_embd is also the output matrix
+  SlidingWindow sliding = {};
 };
 
 // Llama 3.2 1B reaches 128K tokens only with rope scaling, which these files do not carry: its context stays
-// at Llama 3's 8192.
+// at Llama 3's 8192 (Gemma 3 12B's at 32768 likewise).
 constexpr std::array kShapes = {
-    ModelShape{"llama3-8b", 4096, 32, 32, 8, 14336, 8192, 500000.0f, false},
-    ModelShape{"llama3-1b", 2048, 16, 32, 8, 8192, 8192, 500000.0f, true},
-    ModelShape{"llama2-7b", 4096, 32, 32, 32, 11008, 4096, 10000.0f, false},
-    ModelShape{"tiny-256", 256, 4, 4, 2, 768, 2048, 10000.0f, false},
+    //         name          family   dim   layers heads kv  head ffn    context rope base  tied
+    ModelShape{"llama3-8b",  kLlama,  4096, 32,    32,   8,  128, 14336, 8192,   500000.0f, false},
+    ModelShape{"llama3-1b",  kLlama,  2048, 16,    32,   8,  64,  8192,  8192,   500000.0f, true},
+    ModelShape{"llama2-7b",  kLlama,  4096, 32,    32,   32, 128, 11008, 4096,   10000.0f,  false},
+    ModelShape{"tiny-256",   kLlama,  256,  4,     4,    2,  64,  768,   2048,   10000.0f,  false},
+    ModelShape{"qwen2.5-7b", kQwen2,  3584, 28,    28,   4,  128, 18944, 32768,  1e6f,      false},
+    ModelShape{"qwen3-8b",   kQwen3,  4096, 36,    32,   8,  128, 12288, 40960,  1e6f,      false},
+    ModelShape{"phi3-mini",  kPhi3,   3072, 32,    32,   32, 96,  8192,  4096,   10000.0f,  false},
+    ModelShape{"gemma3-12b", kGemma3, 3840, 48,    16,   8,  256, 15360, 32768,  1e6f,      true, {1024, 6, 10000.0f}},
 };
 
 std::string shape_names() {
   std::vector<std::string_view> names;
   for (const ModelShape& shape : kShapes) names.push_back(shape.name);
   return fmt::format("{}", fmt::join(names, " "));
+}
+
+// "llama3-8b (llama), ...", for --help.
+std::string shapes_with_architectures() {
+  std::vector<std::string> shapes;
+  for (const ModelShape& shape : kShapes)
+    shapes.push_back(fmt::format("{} ({})", shape.name, shape.family.architecture));
+  return fmt::format("{}", fmt::join(shapes, ", "));
 }
 
 const ModelShape& find_shape(std::string_view name) {
@@ -64,32 +112,73 @@ const ModelShape& find_shape(std::string_view name) {
 struct TensorSpec {
   std::string name;
   std::vector<uint64_t> shape;  // ne0 (the input dimension) first, as llama.cpp stores it; 1 or 2 dimensions
-  bool is_norm;
 
+  bool is_norm() const { return name.ends_with("norm.weight"); }
   uint64_t row_length() const { return shape[0]; }
   uint64_t rows() const { return shape.size() > 1 ? shape[1] : 1; }
 };
 
-// llama.cpp's tensors for the llama architecture, in the order its converter writes them.
+// llama.cpp's tensors for the shape's architecture, in the order its converter writes llama's. A tensor's
+// place in this list seeds its random numbers.
 std::vector<TensorSpec> tensor_specs(const ModelShape& shape, uint64_t n_vocab) {
-  const uint64_t dim = shape.dim;
-  const uint64_t kv_dim = dim / shape.n_heads * shape.n_kv_heads;
-  std::vector<TensorSpec> specs = {{"token_embd.weight", {dim, n_vocab}, false}};
+  const uint64_t dim = shape.dim, ffn = shape.ffn_dim, head = shape.head_dim;
+  const uint64_t q_dim = head * shape.n_heads, kv_dim = head * shape.n_kv_heads;
+  const auto has = [&](uint32_t feature) { return (shape.family.features & feature) != 0; };
+  std::vector<TensorSpec> specs = {{"token_embd.weight", {dim, n_vocab}}};
   for (uint32_t layer = 0; layer < shape.n_layers; ++layer) {
-    const std::string blk = fmt::format("blk.{}.", layer);
-    specs.push_back({blk + "attn_norm.weight", {dim}, true});
-    specs.push_back({blk + "attn_q.weight", {dim, dim}, false});
-    specs.push_back({blk + "attn_k.weight", {dim, kv_dim}, false});
-    specs.push_back({blk + "attn_v.weight", {dim, kv_dim}, false});
-    specs.push_back({blk + "attn_output.weight", {dim, dim}, false});
-    specs.push_back({blk + "ffn_norm.weight", {dim}, true});
-    specs.push_back({blk + "ffn_gate.weight", {dim, shape.ffn_dim}, false});
-    specs.push_back({blk + "ffn_up.weight", {dim, shape.ffn_dim}, false});
-    specs.push_back({blk + "ffn_down.weight", {shape.ffn_dim, dim}, false});
+    const auto add = [&](std::string_view name, std::vector<uint64_t> dims, bool present = true) {
+      if (present) specs.push_back({fmt::format("blk.{}.{}", layer, name), std::move(dims)});
+    };
+    add("attn_norm.weight", {dim});
+    if (has(kFusedQkv)) {
+      add("attn_qkv.weight", {dim, q_dim + 2 * kv_dim});
+      add("attn_qkv.bias", {q_dim + 2 * kv_dim}, has(kQkvBias));
+    } else {
+      for (const auto& [part, rows] : {std::pair{"attn_q", q_dim}, {"attn_k", kv_dim}, {"attn_v", kv_dim}}) {
+        add(fmt::format("{}.weight", part), {dim, rows});
+        add(fmt::format("{}.bias", part), {rows}, has(kQkvBias));
+      }
+    }
+    add("attn_q_norm.weight", {head}, has(kQkNorm));
+    add("attn_k_norm.weight", {head}, has(kQkNorm));
+    add("attn_output.weight", {q_dim, dim});
+    add("post_attention_norm.weight", {dim}, has(kPostNorms));
+    add("ffn_norm.weight", {dim});
+    add("ffn_gate.weight", {dim, ffn}, !has(kFusedGateUp));
+    add("ffn_up.weight", {dim, has(kFusedGateUp) ? 2 * ffn : ffn});
+    add("ffn_down.weight", {ffn, dim});
+    add("post_ffw_norm.weight", {dim}, has(kPostNorms));
   }
-  specs.push_back({"output_norm.weight", {dim}, true});
-  if (!shape.tied_embeddings) specs.push_back({"output.weight", {dim, n_vocab}, false});
+  specs.push_back({"output_norm.weight", {dim}});
+  if (!shape.tied_embeddings) specs.push_back({"output.weight", {dim, n_vocab}});
   return specs;
+}
+
+// The architecture's hyperparameter keys, as llama.cpp's converter writes them.
+void set_hyperparameters(gguf::Writer& writer, const ModelShape& shape, uint64_t n_vocab) {
+  const Family& family = shape.family;
+  const auto set = [&]<typename T>(std::string_view name, T value) {
+    writer.set<T>(fmt::format("{}.{}", family.architecture, name), value);
+  };
+  set("context_length", shape.context);
+  set("embedding_length", shape.dim);
+  set("block_count", shape.n_layers);
+  set("feed_forward_length", shape.ffn_dim);
+  set("attention.head_count", shape.n_heads);
+  set("attention.head_count_kv", shape.n_kv_heads);
+  if (family.features & kHeadSizeKeys) {
+    set("attention.key_length", shape.head_dim);
+    set("attention.value_length", shape.head_dim);
+  }
+  set("rope.freq_base", shape.rope_base);
+  if (family.features & kRopeDimsKey) set("rope.dimension_count", shape.head_dim);
+  set("attention.layer_norm_rms_epsilon", family.norm_epsilon);
+  if (shape.sliding.window > 0) {
+    set("attention.sliding_window", shape.sliding.window);
+    set("attention.sliding_window_pattern", shape.sliding.pattern);
+    set("rope.freq_base_swa", shape.sliding.rope_base);
+  }
+  set("vocab_size", static_cast<uint32_t>(n_vocab));
 }
 
 uint64_t splitmix64(uint64_t x) {
@@ -158,23 +247,15 @@ void gen_model(const GenModelOptions& options) {
   const int threads = thread_count(options.threads);
 
   gguf::Writer writer;
-  writer.set_string("general.architecture", "llama");
+  writer.set_string("general.architecture", shape.family.architecture);
   writer.set_string("general.name", fmt::format("synthetic-{}", shape.name));
-  writer.set<uint32_t>("llama.context_length", shape.context);
-  writer.set<uint32_t>("llama.embedding_length", shape.dim);
-  writer.set<uint32_t>("llama.block_count", shape.n_layers);
-  writer.set<uint32_t>("llama.feed_forward_length", shape.ffn_dim);
-  writer.set<uint32_t>("llama.attention.head_count", shape.n_heads);
-  writer.set<uint32_t>("llama.attention.head_count_kv", shape.n_kv_heads);
-  writer.set<float>("llama.rope.freq_base", shape.rope_base);
-  writer.set<uint32_t>("llama.rope.dimension_count", shape.dim / shape.n_heads);
-  writer.set<float>("llama.attention.layer_norm_rms_epsilon", kRmsNormEpsilon);
-  writer.set<uint32_t>("llama.vocab_size", static_cast<uint32_t>(n_vocab));
+  set_hyperparameters(writer, shape, n_vocab);
   for (const auto& kv : vocab->metadata())
     if (kv.key.starts_with("tokenizer.")) writer.set_value(kv.key, kv.value);
   set_file_type(writer, target);
 
-  const ModelFacts facts{"llama", shape.n_layers, shape.n_heads / shape.n_kv_heads, shape.tied_embeddings};
+  const ModelFacts facts{std::string(shape.family.architecture), shape.n_layers, shape.n_heads / shape.n_kv_heads,
+                         shape.tied_embeddings};
   const std::vector<TensorSpec> specs = tensor_specs(shape, n_vocab);
   uint64_t total_elements = 0;
   for (const TensorSpec& spec : specs) total_elements += spec.row_length() * spec.rows();
@@ -184,9 +265,10 @@ void gen_model(const GenModelOptions& options) {
     const TensorSpec& spec = specs[index];
     const uint64_t row_length = spec.row_length();
     const uint64_t rows = spec.rows();
-    const TensorType type = spec.is_norm ? TensorType::F32 : choose_tensor_type(target, facts, spec.name, row_length);
+    const bool quantizable = is_quantizable(spec.name, static_cast<uint32_t>(spec.shape.size()));
+    const TensorType type = quantizable ? choose_tensor_type(target, facts, spec.name, row_length) : TensorType::F32;
     quant::require_supported(type, fmt::format("tensor '{}'", spec.name));
-    const RowSource generate_rows = [seed = options.seed, index, row_length, is_norm = spec.is_norm](
+    const RowSource generate_rows = [seed = options.seed, index, row_length, is_norm = spec.is_norm()](
                                         uint64_t first_row, uint64_t count, float* out) {
       for (uint64_t row = first_row; row < first_row + count; ++row, out += row_length) {
         if (is_norm) {
@@ -212,8 +294,10 @@ void gen_model(const GenModelOptions& options) {
 void add_gen_model_command(CLI::App& app) {
   auto options = std::make_shared<GenModelOptions>();
   CLI::App* command = app.add_subcommand(
-      "gen-model", "Write a llama model of a real model's shape with random weights and a real tokenizer");
-  command->add_option("--shape", options->shape, fmt::format("Model shape: {}", shape_names()))->required();
+      "gen-model", "Write a model of a real model's shape with random weights and a real tokenizer");
+  command->add_option("--shape", options->shape,
+                      fmt::format("Model shape (architecture): {}", shapes_with_architectures()))
+      ->required();
   command->add_option("--type", options->type, fmt::format("Weight type: {}", quant_target_names()))->required();
   command->add_option("--vocab", options->vocab, "GGUF file whose tokenizer.* keys are copied (sets the vocab size)")
       ->required();
