@@ -179,7 +179,8 @@ TEST_P(GpuReferenceTest, LogitsMatchCpuAndLlamaCpp) {
   // min cosine 0.99978 on synth-tiny256-Q4_K_M, 0.99986 on Q4_0, 0.99990 on Q8_0 (F16: 1.0). The GPU
   // cannot agree with the CPU more closely than that without bit-identical arithmetic.
   bool eight_bit_activations = false;
-  for (const gguf::TensorInfo& tensor : gguf::File::open(ref.model_path)->tensors())
+  const std::shared_ptr<const gguf::File> file = gguf::File::open(ref.model_path);
+  for (const gguf::TensorInfo& tensor : file->tensors())
     eight_bit_activations |= tensor.type_info->block_elements > 1;
   if (!GetParam().starts_with("arch/")) {
     check_against_cpu_and_reference(ref, ref.model_path, eight_bit_activations ? 0.9995 : 0.9999, 0.999);
@@ -190,7 +191,7 @@ TEST_P(GpuReferenceTest, LogitsMatchCpuAndLlamaCpp) {
   // the file itself is held to looser bounds.
   const test::TempModel exact(ref.model_path, test::ModelEdits().dequantize_all());
   check_against_cpu_and_reference(ref, exact.path(), 0.9999, 0.9999);
-  check_against_cpu_and_reference(ref, ref.model_path, 0.99, 0.99);
+  check_against_cpu_and_reference(ref, ref.model_path, 0.995, 0.995);
 }
 
 std::string test_name(const ::testing::TestParamInfo<std::string>& info) {

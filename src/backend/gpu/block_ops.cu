@@ -2,6 +2,7 @@
 // residual adds, soft-capping, and scaled or position-embedded inputs. Each is one plain launch; the llama block
 // needs none of them.
 #include <algorithm>
+#include <utility>
 
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
@@ -53,9 +54,26 @@ __global__ void __launch_bounds__(kThreads) layernorm_kernel(const float* x, con
   quantize_element<kBlocks>(value, first + i, active, out.q, out.scales, out.f16, pairs);
 }
 
-struct BiasSegments {
-  BiasSegment segment[3];
+// Up to kMax segments of one launch, passed by value as the kernel's parameter.
+template <typename Segment, int kMax>
+struct Segments {
+  Segment segment[kMax];
 };
+
+// The segments packed for a launch, and the largest of their `extent`s (what sizes its grid).
+template <int kMax, typename Segment, typename Extent>
+std::pair<Segments<Segment, kMax>, int64_t> pack(std::span<const Segment> segments, Extent extent, const char* what) {
+  if (segments.size() > kMax) fail_with(what);
+  Segments<Segment, kMax> packed{};
+  int64_t largest = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    packed.segment[i] = segments[i];
+    largest = std::max(largest, extent(segments[i]));
+  }
+  return {packed, largest};
+}
+
+using BiasSegments = Segments<BiasSegment, 3>;
 
 __global__ void __launch_bounds__(kThreads) add_biases_kernel(BiasSegments segments, int64_t rows) {
   start_successor();
@@ -72,9 +90,7 @@ __global__ void __launch_bounds__(kThreads) add_kernel(float* x, const float* y,
   if (i < n) x[i] += y[i];
 }
 
-struct HeadNormSegments {
-  HeadNormSegment segment[2];
-};
+using HeadNormSegments = Segments<HeadNormSegment, 2>;
 
 // One team per head.
 __global__ void __launch_bounds__(kThreads) head_rmsnorm_kernel(HeadNormSegments segments, int64_t head_dim,
@@ -131,13 +147,8 @@ void layernorm(const float* x, const float* weight, const float* bias, int64_t r
 
 void add_biases(std::span<const BiasSegment> segments, int64_t rows, gpuStream_t stream) {
   if (segments.empty()) return;
-  if (segments.size() > 3) fail_with("add_biases: at most three segments a launch");
-  BiasSegments packed{};
-  int64_t widest = 0;
-  for (size_t i = 0; i < segments.size(); ++i) {
-    packed.segment[i] = segments[i];
-    widest = std::max(widest, segments[i].cols);
-  }
+  const auto [packed, widest] =
+      pack<3>(segments, [](const BiasSegment& s) { return s.cols; }, "add_biases: at most three segments a launch");
   const dim3 grid(blocks_for(rows * widest), static_cast<unsigned>(segments.size()));
   launch_overlapped("add_biases", add_biases_kernel, grid, kThreads, 0, stream, packed, rows);
 }
@@ -148,13 +159,8 @@ void add(float* x, const float* y, int64_t n, gpuStream_t stream) {
 
 void head_rmsnorm(std::span<const HeadNormSegment> segments, int64_t head_dim, float eps, gpuStream_t stream) {
   if (segments.empty()) return;
-  if (segments.size() > 2) fail_with("head_rmsnorm: at most two segments a launch");
-  HeadNormSegments packed{};
-  int64_t most = 0;
-  for (size_t i = 0; i < segments.size(); ++i) {
-    packed.segment[i] = segments[i];
-    most = std::max(most, segments[i].heads);
-  }
+  const auto [packed, most] =
+      pack<2>(segments, [](const HeadNormSegment& s) { return s.heads; }, "head_rmsnorm: at most two segments a launch");
   constexpr int64_t kHeadsPerBlock = kThreads / kTeam;
   const dim3 grid(static_cast<unsigned>((most + kHeadsPerBlock - 1) / kHeadsPerBlock),
                   static_cast<unsigned>(segments.size()));

@@ -105,8 +105,8 @@ void preload_from(const model::ExecutionPlan& plan, int64_t first_layer) {
     return;
   }
   if (first_layer < plan.config().n_layers) plan.preload_layers(first_layer, plan.config().n_layers - 1);
-  plan.output_norm().data();
-  plan.output().data();
+  for (const model::LazyTensor* tensor : {&plan.output_norm(), &plan.output_norm_bias(), &plan.output(), &plan.output_bias()})
+    if (*tensor) tensor->data();
 }
 
 // Where a chain writes its results: the activations of one token, and the logits where the last layer's chain makes
@@ -132,6 +132,7 @@ std::optional<ProductChain> chain_after_attention(const model::ExecutionPlan& pl
   const model::ModelConfig& c = plan.config();
   const model::LayerPlan& layer = plan.layer(l);
   const bool last = l + 1 == c.n_layers;
+  if (!llama_block(c, layer) || (!last && !llama_block(c, plan.layer(l + 1)))) return std::nullopt;
   ProductChain chain;
   chain.type = layer.attn_output.type();
   chain.eps = c.norm_eps;
@@ -158,12 +159,12 @@ std::optional<ProductChain> chain_after_attention(const model::ExecutionPlan& pl
     const model::LayerPlan& next = plan.layer(l + 1);
     add(out.residual, &next.attn_norm, ChainOutput::Store,
         {{&next.attn_q, out.q}, {&next.attn_k, out.k}, {&next.attn_v, out.v}});
-  } else if (out.logits && plan.output().type() == chain.type) {
+  } else if (out.logits && plan.output().type() == chain.type && !plan.output_bias() && c.logits_cap == 0.0f) {
     add(out.residual, &plan.output_norm(), ChainOutput::Store, {{&plan.output(), out.logits}});
     // Where a block's row sums of the vocabulary do not fit its shared memory, the logits are a product of their own.
     if (!product_chain_runs(chain)) --chain.steps;
   }
-  if (!one_type || !llama_block(c, layer) || (!last && !llama_block(c, plan.layer(l + 1)))) return std::nullopt;
+  if (!one_type) return std::nullopt;
   return chain;
 }
 
@@ -304,10 +305,11 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
                                   ? reinterpret_cast<const float*>(plan.file().tensor_data(plan.rope_freqs().info()).data())
                                   : nullptr;
   std::vector<DeviceBuffer> frequencies;  // kept until the tables are made
+  // Sliding-window layers have a table of their own where their frequencies differ.
+  const bool own_sliding_table = config.sliding_window > 0 && config.rope_inverse_frequencies(true, freq_factors) !=
+                                                                  config.rope_inverse_frequencies(false, freq_factors);
   for (const bool sliding : {false, true}) {
-    if (sliding && (config.sliding_window == 0 || config.rope_inverse_frequencies(true, freq_factors) ==
-                                                      config.rope_inverse_frequencies(false, freq_factors)))
-      break;
+    if (!config.rotary() || (sliding && !own_sliding_table)) break;
     const std::vector<double> inverse = config.rope_inverse_frequencies(sliding, freq_factors);
     const DeviceBuffer& inverse_frequencies =
         frequencies.emplace_back(inverse.size() * sizeof(double), "rotary frequencies");
