@@ -113,8 +113,8 @@ int64_t quantization_block(ActivationBlocks blocks) {
 // of `arrivals`, which also sets the counter back to zero for the next launch. The barrier orders the block's
 // partial results before its first thread's arrival, whose release makes them visible to the last block and
 // whose acquire (in the last block) makes the others' visible to it, the barrier after passing that on to the
-// block's threads. One acquire-release atomic instead of a fence in every thread before the barrier and one
-// after the atomic: H200, decoding (-p 0), 1b 1609-1613 -> 1620-1623, 8b 469.0-469.5 -> 470.3-471.3 tokens/s.
+// block's threads. One acquire-release atomic is faster on an H200 than a fence in every thread before the barrier
+// and one after the atomic.
 __device__ bool arrive_last(unsigned* counter, unsigned arrivals) {
   __shared__ bool last;
   __syncthreads();
@@ -144,10 +144,8 @@ __host__ __device__ constexpr int log2_of(int power) {
 }
 
 // Pieces and slots are powers of two: shifts and masks rather than the integer divisions that the decode kernel's
-// warps would otherwise run after its wait. Measured on an H200 with the scores' fused multiply-adds and the batches'
-// 32-bit compares (score_by_lanes): the 8B Q4_K_M's decode attention ran 291440 -> 283312 warp instructions a launch
-// (ncu), and decoding tg128 (-p 0) 595.1-595.8 -> 596.7-598.1 and 588.3-592.0 -> 592.6-593.3 tokens/s in two calls;
-// 1b Q4_K_M (tensor cores) and 8b F16 unchanged (2068.7-2072.5 against 2069.6-2074.2; 245.5 against 245.1).
+// warps would otherwise run after its wait: with the scores' fused multiply-adds and the batches' 32-bit compares
+// (score_by_lanes), fewer instructions a launch, and the 8B's decoding faster on an H200.
 struct TeamLayout {
   int head_dim;
   int piece;
@@ -181,12 +179,10 @@ int values_per_lane(const AttentionShape& shape, int64_t heads) {
 
 // The decode kernel's work split for kValues values a lane: teams that score (their merge buffers, kValues floats a
 // lane, take at most 4096 floats of shared memory), the positions of a chunk each of them takes (consecutive), and
-// how many of those it loads before it uses the first (the loaded rows take kBatch * kValues registers; measured on
-// an H200 with 16 values a lane, the 8B's kernel took 12.3 us with batches of 2 against 12.9 us with 4, which
-// spilled). With 8 values a lane a team takes its positions of a chunk in one batch: chunks of 64 positions, batches
-// of 8, against chunks of 32 and batches of 4 (twice the rounds), decoding on an H200 in two calls (F16 in one): 8b
-// Q4_K_M 554.7-560.2 -> 560.7-562.8 tokens/s (-p 512: 557.1-559.0 -> 561.6), 1b Q4_K_M and 8b F16 within noise
-// (1786-1794 against 1782-1795; 219.1-219.4 against 218.9-219.0).
+// how many of those it loads before it uses the first (the loaded rows take kBatch * kValues registers: with 16
+// values a lane, batches of 4 spilled and were slower than batches of 2). With 8 values a lane a team takes its
+// positions of a chunk in one batch: chunks of 64 positions in batches of 8 take half the rounds of chunks of 32 in
+// batches of 4, which made the 8B's decoding faster on an H200.
 template <int kValues>
 struct DecodeSplit {
   static constexpr int kScoringTeams = kValues <= 16 ? kDecodeTeams : 4096 / (kTeam * kValues);
@@ -198,15 +194,10 @@ struct DecodeSplit {
 
 // Chunks that block 0 of a part takes alone while the context has no more (0: never), writing the output itself: no
 // partial results, no arrival, no combining block. Alone, its teams scan the chunks one after another, a round of
-// loads for every kBatch positions, which up to kLoneRounds rounds costs less than what it saves. Measured on an
-// H200, decoding tg128 (-p 0) against no lone block, three rounds: 1b Q4_K_M 1626-1630 -> 1637-1649, 8b 470.6-471.3
-// -> 473.8-474.8 tokens/s; 2 rounds gained less (1b 1628-1634, 8b 472.5-472.7), 6 no more (1b 1639-1646, 8b
-// 473.6-474.3), 8 gained less on the 8b (469-471 against 472-474 for 4). Copying the chunks to shared memory (64 KB)
-// before the wait for the projections, instead of asking for them in L2, lost on the 8b (466-469 against 468-471
-// without a lone block). (Those figures were taken with chunks of 32 positions and batches of 4; with chunks of 64
-// and 8 values a lane the four rounds are four chunks, 256 positions, and lone blocks only for the first 128
-// positions measured the same: 8b 559.3-561.8 against 560.8-561.6 tokens/s, -p 0 and -p 512.) Only where a part's
-// query heads fill whole quantization blocks (parts_per_combine 1).
+// loads for every kBatch positions, which up to kLoneRounds rounds costs less than what it saves (on an H200, fewer
+// rounds gained less and more no more). Copying the chunks to shared memory before the wait for the projections,
+// instead of asking for them in L2, was slower. Only where a part's query heads fill whole quantization blocks
+// (parts_per_combine 1).
 constexpr int kLoneRounds = 4;
 template <int kValues>
 __host__ __device__ constexpr int64_t lone_block_chunks(int64_t parts_per_combine) {
@@ -409,8 +400,7 @@ __device__ __forceinline__ void score_by_lanes(const float* queries, int heads, 
       // Scores: the lane's share of each dot product, summed over the lanes of its head, the batch's
       // positions side by side in each step of the exchange so that their shuffles overlap (a loop per
       // position ran them one after another). The exponentials below take the fast path: their arguments are
-      // at most zero. Measured on an H200, decoding 1b Q4_K_M 1694-1710 -> 1725-1733 tokens/s, 8b
-      // 478-481 -> 483.
+      // at most zero.
       float score[Split::kBatch];
 #pragma unroll
       for (int u = 0; u < Split::kBatch; ++u) {
@@ -471,8 +461,7 @@ __device__ __forceinline__ void score_by_lanes(const float* queries, int heads, 
 // head's partials of the `used` blocks that had chunks, brought to their common maximum, divided by the
 // softmax's sum under it. The maximum is taken first, so that the partials' factors do not wait on each other
 // as an online softmax's would (each its maximum, then its exponential, in turn), and a thread's values go
-// together, so that their loads do. Measured on an H200, decoding the 8b Q4_K_M (512 values a combine group:
-// two a thread): 437-438 tokens/s one value at a time, 441-444 two at once.
+// together, so that their loads do (two values a thread were faster on an H200 than one at a time).
 template <int kValues>
 __device__ __forceinline__ void combine_partials(const float* group_partials, int blocks, int used, int head_dim,
                                                  const int (&e)[kValues], float* value) {
@@ -560,20 +549,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     }
   }
   // The angles of the thread's first query value (and of its key value: the same dimension) are asked for before the
-  // wait too, as the table's row may have left the cache since the layer before read it. Measured on an H200,
-  // decoding tg128 (-p 0) in three calls against reading them after the wait: 8b Q4_K_M 588.6-591.6 ->
-  // 589.9-594.3 tokens/s, 1b Q4_K_M 2031.6-2051.7 -> 2057.0-2069.9.
+  // wait too, as the table's row may have left the cache since the layer before read it.
   const int own_dim = static_cast<int>(threadIdx.x) % head_dim;
   const float2 own_angle = dimension_angle(angles, own_dim, shape);
   // So is what needs no earlier kernel's results and would otherwise take integer divisions, loops and 64-bit
   // arithmetic after the wait: where the thread's first query value is and how it rotates, whether the block stores
-  // the newest position's key and value and where, and the lane's place in its team's rows. Measured on an H200,
-  // decoding tg128 (-p 0) in three rounds, the layout, the head and the store's flag before the wait together with
-  // the rows' 32-bit offsets (RowPart::load): 8b Q4_K_M 592.3-593.4 -> 598.3-600.6 tokens/s, 1b Q4_K_M
-  // 2055.9-2060.0 -> 2102.4-2114.1, 8b F16 241.6-242.4 -> 243.3-243.5 (ncu, a launch: 8b 12.0-12.6 -> 11.5-12.7 us
-  // and 283312 -> 275152 warp instructions, 1b 10.2-10.7 -> 9.7-10.3 us); then the rotation and the newest row's
-  // place before the wait too, with the tensor-core scoring's offsets: 8b 601.4-603.5 -> 602.3-604.5, 1b
-  // 2105.9-2113.6 -> 2109.4-2116.3, F16 unchanged (245.9-246.2 against 245.4-246.2).
+  // the newest position's key and value and where, and the lane's place in its team's rows: the kernel's time
+  // follows the instructions its warps run after the wait, and each of these took some off it on an H200.
   const DimensionRotation own_rotation = dimension_rotation(own_dim, shape, own_angle);
   const float* own_query = q + (first_head + static_cast<int>(threadIdx.x) / head_dim) * head_dim;
   const bool stores_newest = lone || block == (chunks - 1) % blocks;
@@ -593,9 +575,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     // and the parts of one kv head write the same bits. A head has at most kDecodeThreads values (kMaxHeadDim):
     // thread d takes value d of the key and the value (its own dimension), which it reads before it stores
     // anything, so that those reads and the queries' go out together rather than one round trip after the other.
-    // Measured on an H200, decoding tg128 (-p 0) in three rounds against reading them after the queries' stores: 8b
-    // Q4_K_M 601.7-602.2 -> 604.5-605.4 tokens/s, 1b Q4_K_M 2108.4-2117.6 -> 2143.7-2149.6, 8b F16 243.0-243.3 ->
-    // 242.8-243.8 (ncu, a launch: 8b 12.0-12.5 -> 11.2-11.9 us, 1b 9.8-10.3 -> 9.1-9.6 us).
+    // Faster on an H200 than reading them after the queries' stores (F16 unchanged).
     const bool stores_row = stores_newest && static_cast<int>(threadIdx.x) < head_dim;
     const float newest_key = stores_row ? rotated(k + kv_head * head_dim, own_rotation) : 0.0f;
     const float newest_value = stores_row ? v[kv_head * head_dim + own_dim] : 0.0f;
@@ -955,10 +935,8 @@ __global__ void __launch_bounds__(kPromptWarps * kTeam) attention_prompt_tensor_
 // still give every lane of a team a piece of each row; the whole group where none does. Fewer heads a block mean
 // fewer values a lane (values_per_lane), so shorter chains of dependent steps in every lane and more positions a
 // round of loads (DecodeSplit), on more multiprocessors; each part reads its kv head's keys and values itself.
-// Measured on an H200, decoding tg128 with parts of 2 of the 8B's 4 heads (8 values a lane, one round a chunk)
-// against whole groups (16 values a lane, two rounds a chunk), two rounds each: 8b Q4_K_M 528.5-528.7 ->
-// 558.2-559.1 tokens/s (-p 512: 528.6-529.5 -> 555.7-560.5), 8b F16 214.8-215.1 -> 218.9-219.2; the 1B's heads of
-// 64 values keep whole groups (1786-1793 against 1788-1792).
+// Parts of 2 of the 8B's 4 heads (8 values a lane, one round a chunk) decode faster on an H200 than whole groups (16
+// values a lane, two rounds a chunk); the 1B's heads of 64 values gained nothing and keep whole groups.
 int64_t heads_per_block(const AttentionShape& shape, int64_t quantized) {
   const int64_t group = shape.heads_per_kv_head();
   for (int64_t heads = 1; heads < group; ++heads)
@@ -970,10 +948,8 @@ int64_t heads_per_block(const AttentionShape& shape, int64_t quantized) {
 
 // Whether the decode kernel's teams score on tensor cores (score_on_tensor_cores) where a thread block takes `heads`
 // query heads: on CUDA, for heads of kTensorCoreHeadDim values, 8 values a lane (at most 8 heads: the rows g of the
-// fragments). Measured on an H200, decoding tg128 (-p 0), 1b Q4_K_M (heads of 64, 4 a block): 1957.6-1964.0 ->
-// 2011.1-2013.9 tokens/s in one call, 1943.9-1961.5 -> 2004.7-2013.4 in another (two and three rounds). The 8B's
-// heads of 128 (2 a block) lost on tensor cores, 580.9 -> 576.3-578.9 with their queries read from shared memory at
-// each k-step (572.4-575.4 in registers, which spilled), and 8b F16 222.2 -> 221.7: those keep the scalar scoring.
+// fragments). The 1B's heads of 64 decode faster that way on an H200; heads of 128 (the 8B's) were slower on tensor
+// cores, with their queries in shared memory or in registers (which spilled), and keep the scalar scoring.
 bool scores_on_tensor_cores(const AttentionShape& shape, int64_t heads) {
   return kBuildHasTensorCores && shape.head_dim == kTensorCoreHeadDim && heads <= 8 &&
          values_per_lane(shape, heads) == 8;
@@ -1027,13 +1003,9 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
   }
 }
 
-// On tensor cores against the scalar kernel, measured on an H200 (`rocmforge bench -p N -n 0`, two rounds, passes of
-// 512 tokens): 1b Q4_K_M pp512 50873-50979 -> 98870-99408 tokens/s, pp2048 20738-20759 -> 91485-91565, pp4096
-// 11617-11623 -> 82360-82549; 8b Q4_K_M pp512 13261-13270 -> 21389-21530, pp2048 6163-6165 -> 19802-19861, pp4096
-// 3604-3607 -> 18087-18112. The tiles in two stages by asynchronous copies against one stage of 64 positions copied
-// through registers (passes of 2048): 8b pp2048 25464-25565 -> 26511-26651, pp4096 22989-23044 -> 24596-24645, pp8192
-// 19265-19339 -> 21336-21405; 1b pp4096 115021-115218 -> 120494-120576, pp8192 95289-95499 -> 103830-103993; pp512
-// the same.
+// Prompts score on tensor cores where the shape allows: several times faster on an H200 than the scalar kernel, the
+// more so the longer the prompt; the tiles come in two stages by asynchronous copies, which long prompts ran faster
+// than one stage copied through registers.
 bool attention_prompt_rounds_to_f16(const AttentionShape& shape) {
   return kBuildHasTensorCores && (shape.head_dim == 64 || shape.head_dim == 128) && shape.cap == 0.0f &&
          shape.window == 0;

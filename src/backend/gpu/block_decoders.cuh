@@ -26,6 +26,7 @@
 
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
+#include "backend/gpu/tuning.h"
 #include "backend/gpu/weight_layout.h"
 #include "gguf/tensor_type.h"
 
@@ -90,7 +91,7 @@ __device__ __forceinline__ int spread_bits(uint32_t bits) {
 // high nibbles' to out.q[1], as split_nibbles() orders levels. The table lives in registers: byte permutes pick
 // four levels' values from its low half and from its high half at once, a third picks per level by the level's
 // bit 3, and two more sort the eight values of a word into low and high nibbles. (An indexed local array went
-// through local memory: the 8B's gate + up in IQ4_XS took 208 us, against 22 us for Q4_K.)
+// through local memory, which made IQ4_XS products about ten times slower than Q4_K's.)
 template <bool kBiased, typename Slice>
 __device__ __forceinline__ void split_iq4_values(const int4& qs, Slice& out) {
   // Each byte + 127: flip the sign bit (+ 128), then take 1 from every byte (none is zero after the flip).
@@ -561,7 +562,7 @@ __device__ __forceinline__ float scaled_dot(const ScaledLevelSlice<G, I>& s, con
     offset += s.min[g] * group_level_sum<I>(xs[first / kActivationBlock], first);
   }
   // The Q8_K block's one scale, from the entry whose sums were just read: the same load (entry 0 instead, a
-  // load of its own, ran the 8B's decoding 3% slower on the H200).
+  // load of its own, was slower).
   return xs[start(0) / kActivationBlock].d * (s.d * static_cast<float>(sum) - s.dmin * static_cast<float>(offset));
 }
 
@@ -577,13 +578,13 @@ struct ChunkDecoder {
 // sub-block 2p) and 64p + 32 + 16m + i (high nibbles, sub-block 2p + 1); each lane also loads the block's 16
 // header bytes (one load that the eight lanes on a block share). x = d * scale * q - dmin * min. Rows of 4096
 // and more (the 8B's) run faster by slices (32 bytes a lane, the header decoded once for them), rows of 2048
-// (the 1B's) by chunks, where slices would leave only four lanes on a row.
+// (the 1B's) by chunks, where slices would leave only four lanes on a row (tuning.h).
 template <>
 struct ChunkDecoder<TensorType::Q4_K> {
   static constexpr bool kDefined = true;
-  static constexpr int64_t kMaxRowBlocks = 8;
+  static constexpr int64_t kMaxRowBlocks = tuning::kQ4KChunkMaxRowBlocks;
   static constexpr int kChunks = 8;
-  static constexpr int kUnroll = 4;
+  static constexpr int kUnroll = tuning::kQ4KChunksInFlight;
   struct Raw {
     int4 header;
     int4 q;
@@ -608,14 +609,13 @@ struct ChunkDecoder<TensorType::Q4_K> {
 
 // Chunk c = ql[16c .. 16c + 15], c = 4h + 2j + m: elements 128h + 32j + 16m + i (low nibbles, top bits at bit
 // 2j of qh[32h + 16m + i]) and the same + 64 (high nibbles, bit 2j + 4), with scales 8h + 2j + m and
-// 8h + 4 + 2j + m. x = d * scale * (q - 32). Two chunks in flight: three or four ran the 8B's down product
-// 10-30% slower (H200).
+// 8h + 4 + 2j + m. x = d * scale * (q - 32). Rows of every width go by chunks, two in flight a lane (tuning.h).
 template <>
 struct ChunkDecoder<TensorType::Q6_K> {
   static constexpr bool kDefined = true;
-  static constexpr int64_t kMaxRowBlocks = INT64_MAX;
+  static constexpr int64_t kMaxRowBlocks = tuning::kQ6KChunkMaxRowBlocks;
   static constexpr int kChunks = 8;
-  static constexpr int kUnroll = 2;
+  static constexpr int kUnroll = tuning::kQ6KChunksInFlight;
   struct Raw {
     int4 low;
     int4 high;

@@ -85,9 +85,8 @@ __device__ __forceinline__ void arrive_and_wait(unsigned* arrivals, unsigned tar
 // *p += value, where no other thread of the launch touches *p: on CUDA as a reduction in L2 (`red.global.add.f32`:
 // the one rounding to nearest that a load, an add and a store make, subnormals flushed to zero), which the thread
 // does not wait for, so that a product that accumulates into the residual stream ends without a round trip to L2 for
-// the value it adds to; the kernel after it sees the sum once its wait for this one returns. Measured on an H200,
-// decoding tg128 against a load and a store, three rounds (the same text decoded): 1b Q4_K_M 1792-1797 -> 1827-1832,
-// 8b Q4_K_M 563.6-564.2 -> 572.9-573.2, 8b F16 219.2-219.7 -> 222.4-222.6 tokens/s. HIP loads, adds and stores.
+// the value it adds to; the kernel after it sees the sum once its wait for this one returns. Faster on an H200 than
+// a load and a store, and the decoded text unchanged. HIP loads, adds and stores.
 __device__ __forceinline__ void add_to(float* p, float value) {
 #if defined(ROCMFORGE_GPU_HIP)
   *p += value;
@@ -106,9 +105,8 @@ __device__ __forceinline__ T shuffle_reduce(T value, Combine combine) {
 
 // Sums, maxima and minima over a team of 32 lanes; every lane of the team gets the result. On NVIDIA (sm_80 on) the
 // integer sum and the float extremes (as their ordered bits) take one `redux.sync` instruction each, where shuffles
-// take five dependent rounds. Measured on an H200 in the quantization of every activation kernel (the extremes and
-// the levels' sums), decoding tg128 in one call, three rounds against shuffles: 8b Q4_K_M 579.6-580.9 -> 582.0-585.3
-// tokens/s, 1b Q4_K_M 1998.8-2011.6 -> 2022.4-2028.9.
+// take five dependent rounds, which made every activation kernel's quantization (the extremes and the levels' sums)
+// faster on an H200.
 __device__ __forceinline__ float team_sum(float value) {
   return shuffle_reduce(value, [](float a, float b) { return a + b; });
 }
@@ -234,9 +232,8 @@ __device__ __forceinline__ int4 load_16(const void* p) { return *static_cast<con
 // activations, KV cache rows or kernel code it streams a whole layer's weights, more than the L2 holds: with plain
 // loads that stream most likely evicts the step's own data and code, which are then fetched from device memory again
 // in every layer (the gain below fits that; no cache counters were read). Weights are therefore loaded as streaming
-// data (evict-first in L1 and L2, `ld.global.cs`). Measured on an H200, decoding tg128 in four calls: 1b Q4_K_M
-// 1729-1743 -> 1745-1782, 8b 484-487 -> 496-499 tokens/s. Float weights keep plain loads: the 8b F16 lost 0.3-0.6%
-// with them (213.4-213.9 -> 212.1-212.7). HIP loads plainly.
+// data (evict-first in L1 and L2, `ld.global.cs`), faster on an H200. Float weights keep plain loads, with which
+// F16 decoding was slightly faster. HIP loads plainly.
 template <typename T>
 __device__ __forceinline__ T load_weight(const void* p) {
 #if defined(ROCMFORGE_GPU_HIP)

@@ -13,33 +13,23 @@
 //
 // Each thread block asks for its rows' bytes in L2 (one bulk prefetch) before it waits for the kernel before it
 // (programmatic dependent launch, device.cuh): the weights do not depend on earlier kernels, so their fetch overlaps
-// the previous kernel's tail. Only launches whose weights take at most an eighth of the L2 do so (prefetches()).
-// Each lane also issues its first round of loads before that wait (measured on an H200, by chunks: the 1B's decoding
-// 1100 -> 1162 tokens/s. By slices too, it had lost 3% on the 8B while the small kernels' chains were longer; once
-// their attention and accumulating stores were shorter, in two calls (Q5_K_M in one) against chunks only: 8b Q4_K_M
-// 570.2-571.0 -> 579.4-581.0 tokens/s, 8b Q5_K_M 477.4-479.1 -> 486.0-486.2, 8b F16 221.3-221.5 -> 222.7-224.1, 1b
-// Q4_K_M 1826.1-1829.3 -> 1814.4-1825.8, its one product by slices being its down projection; with slices early only
-// for rows of at most 4096 the 8B gained less and F16 lost).
+// the previous kernel's tail. Only launches whose weights take a small part of the L2 do so (prefetches()).
+// Each lane also issues its first round of loads before that wait, by chunks and by slices alike, so that they too
+// overlap the previous kernel's tail (faster on an H200; by slices only once the small kernels' chains were short).
 //
 // Every lane reads activations for each slice it takes: as many bytes as the weights, times the batch (for
 // 4-bit weights twice as many). For batches of 2 or more, a thread block first copies the activations (up to
-// kMaxStagedBytes) into shared memory, which takes that traffic off the caches; for one row the cache serves
-// it faster than the copy and the barrier after it cost (the 8B's gate + up 28.2 -> 25.9 us unstaged, decoding
-// 313 -> 329 tokens/s). Instead, for one row of quantized weights, a group of lanes computes two output rows:
-// a lane loads the same slice (or chunk) of both rows and dots each with one load of the activations, which
-// halves the activation bytes per weight byte. Measured on an H200, batch 1, by slices: the 8B's gate + up
-// 25.8 -> 22.0 us, down 14.8 -> 9.9 us, q + k 6.4 -> 5.4 us, Q4_0 gate + up 27.6 -> 21.6 us, Q5_K 29.3 -> 26.0
-// us, Q8_0 and Q3_K unchanged (decoding the 8B 372.5 -> 406.9 tokens/s); by chunks: the 1B's gate + up 8.4 ->
-// 6.4 us, the 8B's Q6_K down 17.2 -> 15.1 us and output matrix 127.4 -> 118.8 us, v 3.3 -> 3.5 us and the 1B's
-// down 6.1 -> 6.2 us (fewer thread blocks than multiprocessors; decoding the 1B 1294 -> 1433 tokens/s). F16
-// rows lost with two rows a group (gate + up 61 -> 82 us: the f32 activations are not what limits them). By
-// chunks, a group takes four rows where the launch still has thread blocks enough, and by slices where a row
-// takes two teams (with_variant() below).
+// kMaxStagedBytes) into shared memory, which takes that traffic off the caches; for one row the caches serve it
+// faster than the copy and the barrier after it. Instead, for one row of quantized weights, a group of lanes
+// computes two output rows: a lane loads the same slice (or chunk) of both rows and dots each with one load of the
+// activations, which halves the activation bytes per weight byte (faster on an H200 for nearly every type and
+// shape). F16 rows lost with two rows a group: the f32 activations are not what limits them. By chunks, a group
+// takes four rows where the launch still has thread blocks enough, and by slices where a row takes two teams
+// (with_variant() below).
 //
 // Where q and k have one type and v another (the _M mixes give v Q6_K in half the layers), one launch takes
 // all three (matvec_two_types): v's thread blocks run the Q6_K code, the others the code of q and k, each as
-// its own launch would, which saves a launch boundary (H200, decoding 1b Q4_K_M 1574-1584 -> 1607-1616, 8b
-// 434-435 -> 440 tokens/s).
+// its own launch would, which saves a launch boundary.
 //
 // Bytes per token: every weight byte once (plus its share of header bytes), the activations once per team
 // from cache. Nothing is written but one float per row and batch row.
@@ -48,17 +38,13 @@
 #include "backend/gpu/block_decoders.cuh"
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
+#include "backend/gpu/tuning.h"
 
 namespace rf::gpu {
 namespace {
 
-// Thread blocks of two teams: a launch's last thread blocks finish one after another while the multiprocessors
-// that are done wait for them, and smaller blocks shorten that tail. Measured on an H200 with weights streamed
-// past the caches (load_weight), decoding tg128 against blocks of 128 threads in three calls: 1b Q4_K_M +0.6 to
-// +1.6%, 8b +0.6 to +1.5% (e.g. 1745-1757 -> 1773-1776 and 499.2 -> 505.8-506.2 tokens/s), 8b F16 within noise;
-// 256 threads lost 5-6% (1b 1620-1631, 8b 474-476). Handing each group of lanes its rows in turn from a grid of
-// resident blocks, instead of thread blocks of a few rows each, gained nothing (8b 498-499) and lost 3.5% on F16.
-constexpr int kThreads = 64;
+// Thread blocks of two teams: smaller blocks shorten the tail of a launch's last blocks (tuning.h).
+constexpr int kThreads = tuning::kMatvecThreads;
 
 // Accumulators of a group of lanes (kMaxBatch * kRows): a batch's rows, or for one activation row up to four output
 // rows. Where two teams take a row, the second hands its accumulators to the first through shared memory.
@@ -77,10 +63,15 @@ __host__ __device__ constexpr int64_t rows_of_block(int lanes, int group_rows) {
 template <TensorType T>
 constexpr bool kReadsQuantizedActivations = Decoder<T>::kBlockElements >= kActivationBlock;
 
-// Slices a lane loads before it uses the first: about 160 bytes of decoded slices in registers, so that the
-// bytes in flight stay high while the registers leave room for enough resident warps.
+// Slices a lane loads before it uses the first: about kMatvecSliceBytesInFlight bytes of decoded slices in registers,
+// so that the bytes in flight stay high while the registers leave room for enough resident warps.
 template <typename D>
-constexpr int kUnroll = sizeof(typename D::Slice) >= 160 ? 1 : (160 / sizeof(typename D::Slice) > 4 ? 4 : 160 / sizeof(typename D::Slice));
+constexpr int kUnroll =
+    sizeof(typename D::Slice) >= tuning::kMatvecSliceBytesInFlight
+        ? 1
+        : (tuning::kMatvecSliceBytesInFlight / sizeof(typename D::Slice) > tuning::kMatvecMaxSlicesInFlight
+               ? tuning::kMatvecMaxSlicesInFlight
+               : tuning::kMatvecSliceBytesInFlight / sizeof(typename D::Slice));
 
 // Dot product of one slice with batch row b of the activations; `block_first` is the row's first element of
 // the slice's block.
@@ -329,8 +320,7 @@ __device__ __forceinline__ void multiply_block(const MatvecSegment& segment, int
   }
   if (lane == 0) {
     // A group's rows of one activation row in one store where they are whole and aligned: the output matrix
-    // writes the logits straight to host memory, where every store is a transaction of its own (H200, decoding
-    // against a store a row: 1b Q4_K_M 1657-1666 -> 1679-1684 tokens/s, 8b 476.4-477.2 -> 475.5-476.8).
+    // writes the logits straight to host memory, where every store is a transaction of its own.
     if constexpr (kMaxBatch == 1 && (kRows == 2 || kRows == 4)) {
       float* out = segment.y + row;
       const bool aligned = reinterpret_cast<uintptr_t>(out) % (kRows * sizeof(float)) == 0;
@@ -361,7 +351,9 @@ __device__ __forceinline__ void multiply_block(const MatvecSegment& segment, int
 
 // Every segment computed as variant V.
 template <typename V>
-__global__ void __launch_bounds__(kThreads, V::kMaxBatch * V::kRows == 1 ? 12 : 8)
+__global__ void __launch_bounds__(kThreads, V::kMaxBatch * V::kRows == 1
+                                                ? tuning::kMatvecMinBlocksPerMultiprocessorOneAccumulator
+                                                : tuning::kMatvecMinBlocksPerMultiprocessor)
     matvec_kernel(Segments segments, int64_t cols, RowShape shape, ProductInput input, int batch, bool staged,
                   bool accumulate, bool prefetch) {
   start_successor();
@@ -372,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, V::kMaxBatch * V::kRows == 1 ? 12 : 
 // One activation row, the last segment's matrix in a second type: its thread blocks (from last_first_block
 // on) compute it as variant Last, the others theirs as First.
 template <typename First, typename Last>
-__global__ void __launch_bounds__(kThreads, 8)
+__global__ void __launch_bounds__(kThreads, tuning::kMatvecMinBlocksPerMultiprocessor)
     matvec_two_types_kernel(Segments segments, unsigned last_first_block, int64_t cols, RowShape first_shape,
                             RowShape last_shape, ProductInput input, bool accumulate, bool prefetch) {
   start_successor();
@@ -384,12 +376,10 @@ __global__ void __launch_bounds__(kThreads, 8)
     multiply_block<First>(s.segment, block, cols, first_shape, input, 1, false, accumulate, prefetch);
 }
 
-constexpr int64_t kTwoTeamCols = 4096;
+constexpr int64_t kTwoTeamCols = tuning::kMatvecTwoTeamsAboveCols;
 
-// Chunks of a row a lane takes at most where a team suffices for the row. Four (one round of Q4_K's loads) had given
-// the 1B's products of 2048 columns 16 lanes a row; two, decoding 1b Q4_K_M on an H200 in one call, three rounds:
-// 1838-1854 -> 1898-1915 tokens/s (the 8B's chunk rows already had a team: unchanged).
-constexpr int kChunksPerLane = 2;
+// Chunks of a row a lane takes at most where a team suffices for the row: fewer give narrow rows more lanes.
+constexpr int kChunksPerLane = tuning::kMatvecMaxChunksPerLane;
 
 // Lanes per row, at least 4 and the pieces of a block, at most a team (two for the widest rows): for slices,
 // four to eight slices per lane, or two to four where a group of lanes takes kRows > 1 rows; for chunks, enough
@@ -402,23 +392,16 @@ int lanes_per_row(int64_t cols) {
     lanes = std::max(lanes, ChunkDecoder<T>::kChunks);
     while (lanes < kTeam && lanes * kChunksPerLane < blocks * ChunkDecoder<T>::kChunks) lanes *= 2;
   } else {
-    // Groups that take two rows are half as many; twice the lanes a row gives the launch its thread blocks back.
-    // Measured on an H200 (bench_gpu_matvec, batch 1) for the K-quants' rows of 4096 (64 slices), where that
-    // makes 32 lanes of 16: the 8B's attention output 5.43 -> 3.94 us (256 thread blocks had left half the
-    // multiprocessors' slots empty), q + k 5.61 -> 5.05, gate + up Q4_K 21.9 -> 21.5, Q5_K 26.2 -> 25.2;
-    // decoding the 8b Q4_K_M 422 -> 434.5 and Q5_K_M 377 -> 395 tokens/s. With one row a group (batches of 2
-    // to 8), more lanes lost (gate + up Q4_K batch 4: 77.4 -> 90.5 us).
-    constexpr int kMinSlices = kRows > 1 ? 2 : 4;
+    // Groups that take two rows are half as many; twice the lanes a row gives the launch its thread blocks back
+    // (the K-quants' rows of 4096 then take 32 lanes, not 16). With one row a group (batches of 2 to 8), more
+    // lanes were slower.
+    constexpr int kMinSlices = kRows > 1 ? tuning::kMatvecMinSlicesPerLaneSeveralRows : tuning::kMatvecMinSlicesPerLane;
     lanes = std::max(lanes, Decoder<T>::kSlices);
     while (lanes < kTeam && 2 * lanes * kMinSlices <= blocks * Decoder<T>::kSlices) lanes *= 2;
   }
   // Rows wider than kTwoTeamCols take two teams, which doubles the thread blocks of a product with few such
-  // rows (the 8B's down projection: 4096 rows of 14336, 1.3 waves of thread blocks with one team a row, whose
-  // second wave kept the device a third busy): H200, down Q4_K 16.7 -> 14.8 us, Q6_K 18.6 -> 17.4 us, F16
-  // 47.0 -> 35.5 us. The 1B's down rows (8192) had lost with two teams while thread blocks were 128 threads (6.1 ->
-  // 7.0 us alone); with blocks of 64 threads and four rows a group, decoding 1b Q4_K_M on an H200 in one call, six
-  // runs against three: 1820-1824 -> 1830-1848 tokens/s (the 8B's products, 4096 wide, unchanged: rows of 4096
-  // with two teams lost 4.6%).
+  // rows (the 8B's down projection, 4096 rows of 14336, is one and a third waves of thread blocks with a team a
+  // row, and its second wave keeps the device a third busy).
   if (lanes == kTeam && cols > kTwoTeamCols) lanes = 2 * kTeam;
   return lanes;
 }
@@ -433,21 +416,16 @@ RowShape row_shape(int64_t cols) {
 }
 
 // Whether a launch's thread blocks ask for their rows in L2 before they wait for the kernel before them: only
-// where its weights take at most an eighth of the L2. In a larger product the prefetches are a burst of megabytes
-// that fills the memory system while the small kernel before it (a norm, the attention, SwiGLU) works through
-// its chains of dependent accesses. Measured on an H200 (50 MB of L2), decoding with prefetches in every launch
-// against in those of at most 25 MB: 8b Q4_K_M 439-441 -> 464 tokens/s, 1b Q4_K_M 1604-1606 -> 1610-1612 (its
-// output matrix); with none at all, 1b 1584-1586 (its products gain from starting early), 8b 464-465. Once the
-// weights were loaded as streaming data (load_weight) and the small kernels' chains shorter, at most 6 MB
-// against at most 25 MB: 8b 517.9-518.8 -> 525.7-529.1 (its q + k + v, 14-15 MB, and attention output, 9 MB, no
-// longer prefetch), 1b 1788-1791 -> 1791-1793; at most 12 MB lost (8b 516.7-517.9, 1b 1771-1778).
-// docs/PERFORMANCE.md has the other bounds tried. row_bytes(i) is segment i's payload bytes per row.
+// where its weights take at most the L2 over kMatvecPrefetchL2Divisor. In a larger product the prefetches are a
+// burst of megabytes that fills the memory system while the small kernel before it (a norm, the attention, SwiGLU)
+// works through its chains of dependent accesses; small launches, the 1B's above all, gain from starting early.
+// row_bytes(i) is segment i's payload bytes per row.
 template <typename RowBytes>
 bool prefetches(std::span<const MatvecSegment> segments, const RowBytes& row_bytes) {
   static const uint64_t l2_bytes = device_info().l2_bytes;  // asks the driver: once
   uint64_t bytes = 0;
   for (size_t i = 0; i < segments.size(); ++i) bytes += static_cast<uint64_t>(segments[i].rows) * row_bytes(i);
-  return bytes <= l2_bytes / 8;
+  return bytes <= l2_bytes / tuning::kMatvecPrefetchL2Divisor;
 }
 
 // Packs `segments` for a kernel: segment i takes its rows' thread blocks at rows_per_block(i) rows each, after
@@ -483,24 +461,15 @@ void launch(std::span<const MatvecSegment> segments, int64_t cols, RowShape shap
 }
 
 // The types whose products by slices take four rows a group of lanes wherever the launch still has thread blocks
-// enough with four (four_rows_fill). Measured on an H200 with 64-thread blocks, decoding llama3-8b
-// files of one type (Q4_K_M: its Q4_K products) against two rows: Q4_K_M 502.2-502.4 -> 519.1-519.2 tokens/s,
-// Q4_0 484.1 -> 515.7, Q4_1 486 -> 512, Q8_0 363.4 -> 380-381; the others lost (Q5_K_M 441-442 -> 417.5, Q5_0
-// 410 -> 396-397, Q5_1 409 -> 394-396, Q2_K 306.5 -> 283.5, Q3_K 276-277 -> 263, IQ4_XS 392 -> 378-379) or
-// stayed (IQ4_NL 401 -> 400): the more instructions a slice takes to decode, the more a group of lanes gains from
-// rows of its own instead. Earlier, with 128-thread blocks and no streaming loads, four rows had lost for Q4_K
-// (q + k 5.6 -> 7.0 us) and Q8_0 too (35.2 -> 36.4 us).
+// enough with four (four_rows_fill): those whose slices decode in few instructions; a type that takes many to
+// decode gains more from rows of its own.
 template <TensorType T>
-constexpr bool kFourRowSlices =
-    T == TensorType::Q4_0 || T == TensorType::Q4_1 || T == TensorType::Q8_0 || T == TensorType::Q4_K;
+constexpr bool kFourRowSlices = tuning::kMatvecFourRowSlices<T>;
 
 // Whether a launch of `rows` rows of T, `cols` wide, has at least kFourRowBlocksPerMultiprocessor thread blocks per
-// multiprocessor with four rows a group of lanes (by chunks or by slices). Three rather than two: the 1B's q + k
-// (2560 rows of 2048, 320 thread blocks with four rows) then take two rows and twice the thread blocks; decoding on
-// an H200 in one call, three rounds: 1b Q4_K_M 1903.7-1916.8 -> 1962.3-1965.2 tokens/s, 8b unchanged (its launches
-// have either more thread blocks or fewer); with four a multiprocessor the 8B's attention output (512 thread blocks)
-// took two rows as well and lost 0.3%, with one nothing changed.
-constexpr int64_t kFourRowBlocksPerMultiprocessor = 3;
+// multiprocessor with four rows a group of lanes (by chunks or by slices); a smaller launch (the 1B's q + k) does
+// better with two rows a group and twice the thread blocks.
+constexpr int64_t kFourRowBlocksPerMultiprocessor = tuning::kMatvecFourRowBlocksPerMultiprocessor;
 template <TensorType T, bool kChunks>
 bool four_rows_fill(int64_t cols, int64_t rows) {
   static const int64_t multiprocessors = device_info().multiprocessors;  // asks the driver: once
@@ -523,9 +492,7 @@ void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
     if (cols / Decoder<T>::kBlockElements <= ChunkDecoder<T>::kMaxRowBlocks) {
       if constexpr (kMaxBatch == 1) {
         // Four rows a group of lanes where the launch still has thread blocks enough (four_rows_fill); two where it
-        // would not (measured on an H200 against two: the 1B's gate + up 6.3 -> 4.8 us, the 8B's Q6_K down
-        // 15.1 -> 13.5 us, output matrix 118.4 -> 112.3 us; the 1B's down, 128 thread blocks with four, 6.2 ->
-        // 8.5 us).
+        // would not, as a launch with too few thread blocks leaves multiprocessors idle.
         using Four = Variant<T, kMaxBatch, true, 4>;
         if (four_rows_fill<T, true>(cols, rows)) {
           run.template operator()<Four>(1);
@@ -533,11 +500,8 @@ void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
         }
         // A launch that small is one wave of thread blocks, each lane's rounds of loads one after another; where a
         // team's lanes would take more than kChunksPerLane chunks of a row (Q6_K rows of 4096: four, in four rounds
-        // of two rows), two teams take the row and four rows a group: the same thread blocks, half the rounds. The
-        // 8B Q4_K_M's v (Q6_K, 1024 rows, in the launch of q and k, whose lanes take two rounds) had kept that
-        // launch 1.6 us longer than in the layers where v is Q4_K (kernel timeline of the captured step on an H200,
-        // docs/PERFORMANCE.md: 6.29 against 4.70 us; with two teams 5.05 us); decoding 8b Q4_K_M in one call, three
-        // rounds: 582.9-585.1 -> 587.8-588.7 tokens/s.
+        // of two rows), two teams take the row and four rows a group: the same thread blocks, half the rounds, so
+        // that such a v no longer keeps the launch of q and k (whose lanes take two rounds) waiting.
         const int64_t chunks = cols / Decoder<T>::kBlockElements * ChunkDecoder<T>::kChunks;
         if (lanes_per_row<T, true, 4>(cols) == kTeam && kTeam * kChunksPerLane < chunks) {
           run.template operator()<Four>(2);
@@ -551,9 +515,8 @@ void with_variant(int64_t cols, int64_t rows, const Fn& fn) {
   // One activation row of quantized weights: two output rows a group of lanes (see the top of the file), four
   // where a row takes two teams (wider than kTwoTeamCols: the 8B's down projection), and for the types whose
   // slices decode in few instructions (kFourRowSlices) also where the launch still has thread blocks enough with
-  // four (four_rows_fill). Measured on an H200, decoding with four for the widest rows against two: 8b Q4_K_M
-  // 465.1-466.0 -> 467.3-468.7 tokens/s, 8b Q4_0 446.1-447.6 -> 454.9-456.8, 8b Q5_K_M 423.6-424.1 -> 423.3-423.4
-  // (before the large products stopped prefetching, prefetches(), the same rule had lost: 8b Q4_K_M 401.6 -> 399.0).
+  // four (four_rows_fill). Four rows for the widest rows were faster on an H200 than two once the large products
+  // no longer prefetched (prefetches()).
   if constexpr (kMaxBatch == 1 && kReadsQuantizedActivations<T>) {
     if (cols > kTwoTeamCols || (kFourRowSlices<T> && four_rows_fill<T, false>(cols, rows))) {
       run.template operator()<Variant<T, 1, false, 4>>(1);

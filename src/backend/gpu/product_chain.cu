@@ -3,8 +3,8 @@
 // streaming from device memory across the steps' dependencies.
 //
 // Why: launched one product at a time, each boundary between two products costs the F16 weights' stream its ramp
-// and drain. Measured on an H200 with the 8B's shapes, a layer's four matrices took 115.9 µs as four launches and
-// 101.5-103.1 µs as one launch without dependencies (PERFORMANCE.md, twenty-fourth round).
+// and drain: with the 8B's shapes on an H200, a layer's four matrices ran faster as one launch without
+// dependencies than as four launches.
 //
 // How: one thread block per multiprocessor, all resident at once. In each block a producer warp copies the block's
 // share of every matrix of the chain, one after another, into a ring of shared-memory stages with bulk copies (the
@@ -21,11 +21,10 @@
 // consecutive values at 4t, 4t + 1536, ... of every row, so a warp's reads of a row are consecutive in shared memory
 // (no bank conflicts) and the thread keeps the input values it meets in registers for the whole step: shared memory
 // carries the weights and the warps' row sums only. (Warps that took pieces of rows and read the f32 input from
-// shared memory for each one consumed a stage in about 1 µs, as slowly as device memory delivers it, so a consumer
-// that waited never caught up: llama3-8b F16 238.2-238.8 -> 240.9-241.6 tokens/s on an H200, PERFORMANCE.md,
-// twenty-sixth round.) Each warp sums its rows over its lanes, the rows spread over the lanes (spread_sum), into row
+// shared memory for each one consumed a stage as slowly as device memory delivers it, so a consumer that waited
+// never caught up.) Each warp sums its rows over its lanes, the rows spread over the lanes (spread_sum), into row
 // sums of its own in shared memory; at the end of the step the block adds the warps' sums and writes each row once.
-// (Adding them up as they came, with shared-memory atomics, was 0.5% slower.)
+// (Adding them up as they came, with shared-memory atomics, was slower.)
 //
 // Bytes per token: every weight byte once, from device memory into shared memory; each step's input row once per
 // block from L2.
@@ -33,6 +32,7 @@
 
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
+#include "backend/gpu/tuning.h"
 
 namespace rf::gpu {
 // The bulk copies and shared-memory barriers are Hopper's (sm_90): a HIP build has no chains, and a CUDA build's
@@ -40,15 +40,12 @@ namespace rf::gpu {
 #if !defined(ROCMFORGE_GPU_HIP)
 namespace {
 
-// Twelve consumer warps: on an H200, llama3-8b F16 239.8-241.1 tokens/s against 239.3-240.2 with sixteen, BF16
-// 240.5-241.3 against 239.4-240.2; eight, ten and twenty-four lost 1.5-2.7%.
-constexpr int kConsumerWarps = 12;
+// Consumer warps a block and the ring of stages that its producer fills ahead of them (tuning.h).
+constexpr int kConsumerWarps = tuning::kChainConsumerWarps;
 constexpr int kChainThreads = (kConsumerWarps + 1) * 32;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
-// Five stages of 32 KiB: 160 KiB a block in flight, about 5 µs of a multiprocessor's share of an H200's bandwidth
-// (four stages: llama3-8b F16 234.7-234.9 against 235.9-236.1 tokens/s; six, 240.8-240.9 against 241.1-241.6).
-constexpr int kStages = 5;
-constexpr int kStageBytes = 32 * 1024;
+constexpr int kStages = tuning::kChainStages;
+constexpr int kStageBytes = tuning::kChainStageBytes;
 // Each consumer thread takes four consecutive values of a row in every sweep of kSweep values: its columns are the
 // same in every row of a step, so it keeps its input values in registers.
 constexpr int64_t kSweep = 4 * kConsumerThreads;

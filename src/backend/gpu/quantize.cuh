@@ -10,6 +10,8 @@
 
 namespace rf::gpu {
 
+// A Q8_K block's values, so that a block's scale is one reduction over the thread block: the format fixes it, not a
+// tuning (tuning.h).
 constexpr int kQuantizeThreads = 256;
 
 // Writes the level of element i (lane l of its team holds value l of a 32-value block) under scale d, the

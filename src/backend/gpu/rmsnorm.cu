@@ -34,8 +34,7 @@ __global__ void __launch_bounds__(kQuantizeThreads) rmsnorm_kernel(const float* 
   const int64_t first = static_cast<int64_t>(blockIdx.y) * cols;
   const float* row = x + first;
   // The sum of squares: each thread's share in float, four values per load, the threads' sums in double (the CPU
-  // sums in double throughout). Widening every value cost the 8b Q4_K_M's decoding on an H200 about 0.5% (483.0-483.4
-  // against 483.6-486.0 tokens/s; the 1B's within noise).
+  // sums in double throughout): widening every value to double was slower on an H200.
   float thread_squares = 0.0f;
 #pragma unroll 4
   for (int64_t i = 4 * threadIdx.x; i < cols; i += 4 * kQuantizeThreads) {
@@ -46,8 +45,8 @@ __global__ void __launch_bounds__(kQuantizeThreads) rmsnorm_kernel(const float* 
   // A Q8_K block is this thread block's values, and scaling them all by the same positive factor keeps the
   // largest the largest: the extremes come from x * weight in the one reduction that sums the squares, rather
   // than from a second one once the scale is known (the CPU scales first and takes the extremes after; where the
-  // two orders round differently, d differs in its last bit). Measured on an H200 against two reductions,
-  // decoding 1b Q4_K_M 1670-1689 -> 1694-1710 tokens/s, 8b 474-477 -> 478-481.
+  // two orders round differently, d differs in its last bit). One reduction is faster than two: each is a chain
+  // of dependent steps that the products after the norm wait for.
   const float weighted = own * w;
   const NormTotals totals = block_reduce(NormTotals{thread_squares, make_float2(weighted, -weighted)}, scratch,
                                          [](const NormTotals& a, const NormTotals& b) {

@@ -2,8 +2,8 @@
 // once, with the cache (in double precision, as the CPU backend does, so that long positions keep their accuracy);
 // every layer then rotates its queries and keys with them and stores keys and values as f16 rows of the cache. (A
 // single token, decoding, is rotated and stored by the decode attention kernel itself.) Computed per forward pass
-// instead, the angles of a decoded token took a launch of 3.5 us at the head of every token (one thread block in
-// double precision, which the first layer waited for; H200, 8b Q4_K_M).
+// instead, the angles of a decoded token took a launch at the head of every token (one thread block in double
+// precision), which the first layer waited for.
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
 #include "backend/gpu/rope.cuh"

@@ -22,11 +22,10 @@ namespace rf::gpu {
 constexpr int64_t kDefaultContext = 8192;
 
 // Tokens a pass takes unless the caller says (a longer batch runs as several passes). A prompt pass dequantizes every
-// quantized weight matrix once for its GEMMs, so longer passes spread that over more tokens. Measured on an H200
-// (`rocmforge bench -p N -n 0`), passes of 512 -> 2048 tokens: 8b Q4_K_M pp2048 19592 -> 25269 tokens/s, pp4096 17894
-// -> 22652; 1b Q4_K_M pp2048 91626 -> 128551, pp4096 82956 -> 115485; pp512 the same (21229 -> 21303, 98272 -> 98896);
-// 4096 added little (8b pp4096 23877, 1b 123003). The activations of a pass are allocated up front: where those of
-// kDefaultPassTokens do not fit beside the weights and the KV cache, passes take kShortPassTokens.
+// quantized weight matrix once for its GEMMs, so longer passes spread that over more tokens: passes of 2048 were
+// faster on an H200 than passes of 512 for long prompts, and 4096 added little. The activations of a pass are
+// allocated up front: where those of kDefaultPassTokens do not fit beside the weights and the KV cache, passes take
+// kShortPassTokens.
 constexpr int64_t kDefaultPassTokens = 2048;
 constexpr int64_t kShortPassTokens = 512;
 
