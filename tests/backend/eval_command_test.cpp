@@ -1,9 +1,10 @@
 // `rocmforge eval` writes what ../shared/reference holds, byte for byte in the JSON (same tokens) and row
-// for row in the logits.
+// for row in the logits; and for every reference, the prompt tokens llama.cpp made.
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "reference.h"
 #include "test_paths.h"
 
 namespace rf {
@@ -65,6 +69,32 @@ TEST(EvalCommandTest, WritesTheReferenceFormat) {
   std::remove((prefix + ".json").c_str());
   std::remove((prefix + ".logits.f32").c_str());
 }
+
+// For every reference, eval tokenizes the prompt as llama.cpp did (BOS as the model's tokenizer says).
+class EvalPromptTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EvalPromptTest, PromptTokensAreTheReferences) {
+  const test::Reference ref = test::read_reference(GetParam());
+  const nlohmann::json json = nlohmann::json::parse(std::ifstream(test::shared_path(GetParam())));
+  const std::string prefix = ::testing::TempDir() + "rf_eval_prompt_" + std::to_string(::getpid());
+  const std::string prompt_file = prefix + ".prompt";
+  std::ofstream(prompt_file, std::ios::binary) << json.at("prompt").get<std::string>();
+  const std::string command = test::cli_path() + " eval -m '" + ref.model_path + "' -p \"$(cat '" + prompt_file +
+                              "')\" -n 1 --threads 2 --out " + prefix + " > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const nlohmann::json ours = nlohmann::json::parse(std::ifstream(prefix + ".json"));
+  EXPECT_EQ(ours.at("prompt_tokens").get<std::vector<int32_t>>(), ref.prompt_tokens);
+  EXPECT_EQ(ours.at("add_bos").get<bool>(), json.at("add_bos").get<bool>());
+  for (const char* suffix : {".json", ".logits.f32", ".prompt"}) std::remove((prefix + suffix).c_str());
+}
+
+std::string reference_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param.substr(0, info.param.size() - std::string(".json").size());
+  std::replace_if(name.begin(), name.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shared, EvalPromptTest, ::testing::ValuesIn(test::reference_files()), reference_name);
 
 TEST(EvalCommandTest, MissingModelIsOneErrorLine) {
   const std::string command = test::cli_path() + " eval -m /nonexistent.gguf -p x -n 1 --out /tmp/x 2>&1";
