@@ -124,8 +124,9 @@ void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t positio
       quant::dequantize(positions.type(), learned, position_row.data(), c.n_embd);
       add(x, position_row.data(), c.n_embd);
     }
-    for (const bool sliding : {false, true})
-      rope_angles(&rope_[sliding][index(t * c.rope_dims)], position + t, inverse_frequencies_[sliding]);
+    if (c.rotary())
+      for (const bool sliding : {false, true})
+        rope_angles(&rope_[sliding][index(t * c.rope_dims)], position + t, inverse_frequencies_[sliding]);
   }
 
   for (int64_t l = 0; l < layers_; ++l) {
