@@ -153,7 +153,8 @@ ModelConfig read_config(const gguf::File& file) {
 
   // Gemma 2 and 3 scale queries by the head size, except the 27B models (46 and 62 layers), which use
   // n_embd / n_heads (google/gemma_pytorch's query_pre_attn_scalar), as llama.cpp does.
-  const bool gemma_27b = (arch.name == "gemma2" && config.n_layers == 46) || (arch.name == "gemma3" && config.n_layers == 62);
+  const bool gemma_27b =
+      (arch.name == "gemma2" && config.n_layers == 46) || (arch.name == "gemma3" && config.n_layers == 62);
   config.attention_scale =
       1.0f / std::sqrt(static_cast<float>(gemma_27b ? config.n_embd / config.n_heads : config.head_dim));
   // llama.cpp soft-caps Gemma 2 only, whatever keys other files hold.

@@ -595,7 +595,7 @@ class AttentionCheck {
         check(gpuMemsetAsync(buffer->data(), 0xff, buffer->bytes(), stream_), "attention test");
       keys_device = to_device(key_cache_);
       values_device = to_device(value_cache_);
-      attention_decode(shape_, q_device.as<float>(), k_device.as<float>(), v_device.as<float>(),
+      attention_decode(shape_, q_device.as<float>(), k_device.as<float>(), v_device.as<float>(), {},
                        rope_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(), context_,
                        step_device.as<int32_t>(), partials_.as<float>(), output, stream_);
       check(gpuStreamSynchronize(stream_), "attention test");

@@ -1,7 +1,8 @@
 // The forward pass on the CPU, in the spirit of llama2.c's run.c: one function, forward_batch(), reads top to
-// bottom as the model computes, for every family of model/architecture.h. A batch of tokens (a prompt) is one pass of matrix-matrix products; a single
-// token (decoding) is the same pass with one row. Keys and values stay in a per-layer cache, so evaluation
-// continues where it stopped, and the cache can be truncated to reuse a common prefix (chat).
+// bottom as the model computes, for every family of model/architecture.h. A batch of tokens (a prompt) is one pass
+// of matrix-matrix products; a single token (decoding) is the same pass with one row. Keys and values stay in a
+// per-layer cache, so evaluation continues where it stopped, and the cache can be truncated to reuse a common prefix
+// (chat).
 #pragma once
 #include <cstdint>
 #include <span>

@@ -502,14 +502,30 @@ __device__ __forceinline__ void store_output(float value, int64_t first, int i, 
   quantize_element<kBlocks>(value, first + i, active, out.q, out.scales, out.f16, scratch);
 }
 
+// One head of q or k as attention takes it: its projection plus its bias, normalized (RMSNorm with the weight
+// `norm`, `scale` its 1 / rms) where the model says so, value d as head[d]. Null pointers leave a step out.
+struct HeadInput {
+  const float* values;
+  const float* bias;
+  const float* norm;
+  float scale;
+
+  __device__ float projected(int64_t d) const { return values[d] + (bias ? bias[d] : 0.0f); }
+  __device__ float operator[](int64_t d) const { return norm ? projected(d) * scale * norm[d] : projected(d); }
+};
+
+// Where a decode block keeps the sums of squares of its heads' values for their norms: one per team-sized piece of
+// the part's query heads and then of the key head (pieces of kTeam values: heads of a multiple of kTeam values).
+constexpr int kHeadSquares = (kMaxHeadsPerKvHead + 1) * kMaxHeadDim / kTeam;
+
 // Grid: (thread blocks per part, parts). A part is `heads_per_block` consecutive query heads of one kv head's
 // group (heads_per_block()). `arrivals`: one counter per combine group of parts_per_combine parts. kTensorCores: the
 // teams score on tensor cores (scores_on_tensor_cores()) where the device has them.
-template <ActivationBlocks kBlocks, int kValues, bool kTensorCores>
+template <ActivationBlocks kBlocks, int kValues, bool kTensorCores, bool kExtras>
 __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
-    AttentionShape shape, const float* q, const float* k, const float* v, const float* cos_sin, uint16_t* keys,
-    uint16_t* values, const int32_t* step, float scale, int64_t heads_per_block, int64_t parts_per_combine,
-    float* partials, unsigned* arrivals, ActivationOutput out) {
+    AttentionShape shape, const float* q, const float* k, const float* v, QkvExtras extras, const float* cos_sin,
+    uint16_t* keys, uint16_t* values, const int32_t* step, float scale, int64_t heads_per_block,
+    int64_t parts_per_combine, float* partials, unsigned* arrivals, ActivationOutput out) {
   using Split = DecodeSplit<kValues>;
   start_successor();
   extern __shared__ float dynamic_shared[];
@@ -577,15 +593,58 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     // anything, so that those reads and the queries' go out together rather than one round trip after the other.
     // Faster on an H200 than reading them after the queries' stores (F16 unchanged).
     const bool stores_row = stores_newest && static_cast<int>(threadIdx.x) < head_dim;
-    const float newest_key = stores_row ? rotated(k + kv_head * head_dim, own_rotation) : 0.0f;
-    const float newest_value = stores_row ? v[kv_head * head_dim + own_dim] : 0.0f;
-    if (static_cast<int>(threadIdx.x) < heads * head_dim)
-      queries[threadIdx.x] = rotated(own_query, own_rotation) * scale;
-    for (int i = static_cast<int>(threadIdx.x) + kDecodeThreads; i < heads * head_dim; i += kDecodeThreads) {
-      const int d = i % head_dim;
-      queries[i] = rotated(q + (first_head + i / head_dim) * head_dim,
-                           dimension_rotation(d, shape, dimension_angle(angles, d, shape))) *
-                   scale;
+    float newest_key = 0.0f, newest_value = 0.0f;
+    if constexpr (!kExtras) {
+      newest_key = stores_row ? rotated(k + kv_head * head_dim, own_rotation) : 0.0f;
+      newest_value = stores_row ? v[kv_head * head_dim + own_dim] : 0.0f;
+      if (static_cast<int>(threadIdx.x) < heads * head_dim)
+        queries[threadIdx.x] = rotated(own_query, own_rotation) * scale;
+      for (int i = static_cast<int>(threadIdx.x) + kDecodeThreads; i < heads * head_dim; i += kDecodeThreads) {
+        const int d = i % head_dim;
+        queries[i] = rotated(q + (first_head + i / head_dim) * head_dim,
+                             dimension_rotation(d, shape, dimension_angle(angles, d, shape))) *
+                     scale;
+      }
+    } else {
+      // The heads with their biases and norms: the part's query heads are heads 0 .. heads - 1, the key head is
+      // head `heads`; a team sums the squares of each kTeam values, and a head adds its teams' sums.
+      __shared__ float squares[kHeadSquares];
+      const auto head_at = [&](int head) {
+        const bool key = head == heads;
+        return HeadInput{key ? k + kv_head * head_dim : q + (first_head + head) * head_dim,
+                         key ? (extras.k_bias ? extras.k_bias + kv_head * head_dim : nullptr)
+                             : (extras.q_bias ? extras.q_bias + (first_head + head) * head_dim : nullptr),
+                         key ? extras.k_norm : extras.q_norm, 1.0f};
+      };
+      if (extras.q_norm) {
+        for (int i = static_cast<int>(threadIdx.x); i < (heads + 1) * head_dim; i += kDecodeThreads) {
+          const float x = head_at(i / head_dim).projected(i % head_dim);
+          const float sum = team_sum(x * x);
+          if (lane == 0) squares[i / kTeam] = sum;
+        }
+        __syncthreads();
+      }
+      const auto normalized_head = [&](int head) {
+        HeadInput input = head_at(head);
+        if (input.norm) {
+          float sum = 0.0f;
+          for (int piece = head * head_dim / kTeam; piece < (head + 1) * head_dim / kTeam; ++piece)
+            sum += squares[piece];
+          input.scale = rsqrtf(sum / static_cast<float>(head_dim) + extras.eps);
+        }
+        return input;
+      };
+      if (stores_row) {
+        newest_key = rotated(normalized_head(heads), own_rotation);
+        const int64_t value_index = kv_head * head_dim + own_dim;
+        newest_value = v[value_index] + (extras.v_bias ? extras.v_bias[value_index] : 0.0f);
+      }
+      for (int i = static_cast<int>(threadIdx.x); i < heads * head_dim; i += kDecodeThreads) {
+        const int d = i % head_dim;
+        queries[i] = rotated(normalized_head(i / head_dim),
+                             dimension_rotation(d, shape, dimension_angle(angles, d, shape))) *
+                     scale;
+      }
     }
     if (stores_row) {
       keys[newest_offset] = float_to_half(newest_key);
@@ -967,8 +1026,9 @@ int64_t attention_partials_floats(const AttentionShape& shape, int64_t context) 
 }
 
 void attention_decode(const AttentionShape& shape, const float* q, const float* k, const float* v,
-                      const float* cos_sin, uint16_t* key_cache, uint16_t* value_cache, int64_t context,
-                      const int32_t* step, float* partials, const ActivationOutput& out, gpuStream_t stream) {
+                      const QkvExtras& extras, const float* cos_sin, uint16_t* key_cache, uint16_t* value_cache,
+                      int64_t context, const int32_t* step, float* partials, const ActivationOutput& out,
+                      gpuStream_t stream) {
   const int64_t quantized = quantization_block(out.blocks);
   const int64_t heads = heads_per_block(shape, quantized);
   const int64_t parts = shape.n_heads / heads;
@@ -982,11 +1042,20 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
     // The teams' softmaxes to merge, and the queries.
     const size_t shared_bytes =
         sizeof(float) * static_cast<size_t>(DecodeSplit<kValues>::kMergeFloats + heads * shape.head_dim);
+    const bool with_extras = extras.q_bias || extras.k_bias || extras.v_bias || extras.q_norm || extras.k_norm;
+    if (extras.q_norm && !attention_decode_takes_norms(shape))
+      fail_with("attention_decode: head norms need heads of whole teams of values");
     const auto launch = [&]<bool kTensorCores>() {
       with_activation_blocks(out.blocks, [&]<ActivationBlocks kBlocks>() {
-        launch_overlapped("attention_decode", attention_decode_kernel<kBlocks, kValues, kTensorCores>, grid,
-                          kDecodeThreads, shared_bytes, stream, shape, q, k, v, cos_sin, key_cache, value_cache, step,
-                          shape.scale, heads, parts_per_combine, partials, arrivals, out);
+        const auto run_kernel = [&](auto kernel) {
+          launch_overlapped("attention_decode", kernel, grid, kDecodeThreads, shared_bytes, stream, shape, q, k, v,
+                            extras, cos_sin, key_cache, value_cache, step, shape.scale, heads, parts_per_combine,
+                            partials, arrivals, out);
+        };
+        if (with_extras)
+          run_kernel(attention_decode_kernel<kBlocks, kValues, kTensorCores, true>);
+        else
+          run_kernel(attention_decode_kernel<kBlocks, kValues, kTensorCores, false>);
       });
     };
     if constexpr (kValues == 8) {

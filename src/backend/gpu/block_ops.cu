@@ -160,7 +160,7 @@ void add(float* x, const float* y, int64_t n, gpuStream_t stream) {
 void head_rmsnorm(std::span<const HeadNormSegment> segments, int64_t head_dim, float eps, gpuStream_t stream) {
   if (segments.empty()) return;
   const auto [packed, most] =
-      pack<2>(segments, [](const HeadNormSegment& s) { return s.heads; }, "head_rmsnorm: at most two segments a launch");
+      pack<2>(segments, [](const HeadNormSegment& s) { return s.heads; }, "head_rmsnorm: at most two segments");
   constexpr int64_t kHeadsPerBlock = kThreads / kTeam;
   const dim3 grid(static_cast<unsigned>((most + kHeadsPerBlock - 1) / kHeadsPerBlock),
                   static_cast<unsigned>(segments.size()));

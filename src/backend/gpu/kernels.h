@@ -179,11 +179,26 @@ void attention_prompt(const AttentionShape& shape, const float* q, const uint16_
 // scale.
 bool attention_prompt_rounds_to_f16(const AttentionShape& shape);
 
+// What a model adds to the projections q, k and v of one token before attention, each pointer null where it adds
+// nothing: biases (q_dim, kv_dim and kv_dim values), and the weights of a per-head RMSNorm of q and of k (head_dim
+// values each) with its epsilon.
+struct QkvExtras {
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float eps = 0.0f;
+};
+
 // Whether attention_decode runs `shape`: attention over the whole context without soft-capping (else a decoding step
-// takes the plain path: rope_and_store, attention_prompt).
+// takes the plain path: rope_and_store, attention_prompt); and whether it also takes q/k norms (QkvExtras): heads
+// of whole teams of 32 values, whose squares a team sums (else head_rmsnorm runs before it).
 constexpr bool attention_decode_runs(const AttentionShape& shape) { return shape.cap == 0.0f && shape.window == 0; }
+constexpr bool attention_decode_takes_norms(const AttentionShape& shape) { return shape.head_dim % 32 == 0; }
 // One token (decoding) at position step[0], over positions 0 .. step[0], in one launch (split-K). q, k and v are the
-// token's projections before rotation: the launch rotates q and k by the angles of step[0] in cos_sin (a rope_table)
+// token's projections before their `extras` and rotation: the launch adds the biases, normalizes the heads and
+// rotates q and k by the angles of step[0] in cos_sin (a rope_table)
 // and writes k and v to the cache rows of step[0], as rope_and_store would. The query heads of a kv head are
 // taken in parts of a few heads, and the positions are split into chunks of kAttentionChunk, shared out among a
 // fixed number of thread blocks per part, each of which leaves one partial softmax per query head in `partials`. The
@@ -200,8 +215,9 @@ constexpr int64_t kMaxHeadsPerKvHead = 16;
 constexpr int64_t kMaxHeadDim = 256;
 int64_t attention_partials_floats(const AttentionShape& shape, int64_t context);
 void attention_decode(const AttentionShape& shape, const float* q, const float* k, const float* v,
-                      const float* cos_sin, uint16_t* key_cache, uint16_t* value_cache, int64_t context,
-                      const int32_t* step, float* partials, const ActivationOutput& out, gpuStream_t stream);
+                      const QkvExtras& extras, const float* cos_sin, uint16_t* key_cache, uint16_t* value_cache,
+                      int64_t context, const int32_t* step, float* partials, const ActivationOutput& out,
+                      gpuStream_t stream);
 // Whether attention_decode, writing an output of `blocks`, rounds the queries and the softmax weights to f16 for
 // `shape` (its scores and weighted values on tensor cores, with f32 sums), as flash-attention kernels do: its
 // outputs then differ from f32 scoring by up to about 1e-3 of the values' scale.

@@ -40,7 +40,9 @@ __device__ __forceinline__ DimensionRotation dimension_rotation(int64_t d, const
 }
 
 // A head's value after `rotation`; `head` holds the head's values before rotation.
-__device__ __forceinline__ float rotated(const float* head, const DimensionRotation& rotation) {
+// `Head`: a pointer to the head's values, or anything else that gives value d as head[d].
+template <typename Head>
+__device__ __forceinline__ float rotated(const Head& head, const DimensionRotation& rotation) {
   return head[rotation.d] * rotation.self + head[rotation.partner] * rotation.other;
 }
 

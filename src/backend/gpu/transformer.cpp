@@ -94,7 +94,8 @@ DeviceResidency& device_residency(const model::ExecutionPlan& plan) {
 int64_t largest_layer_matrix(const model::ExecutionPlan& plan) {
   int64_t largest = 0;
   for (const model::LayerPlan& layer : plan.layers())
-    for (const model::LazyTensor* tensor : layer.tensors()) largest = std::max(largest, tensor->rows() * tensor->cols());
+    for (const model::LazyTensor* tensor : layer.tensors())
+      largest = std::max(largest, tensor->rows() * tensor->cols());
   return largest;
 }
 
@@ -105,7 +106,8 @@ void preload_from(const model::ExecutionPlan& plan, int64_t first_layer) {
     return;
   }
   if (first_layer < plan.config().n_layers) plan.preload_layers(first_layer, plan.config().n_layers - 1);
-  for (const model::LazyTensor* tensor : {&plan.output_norm(), &plan.output_norm_bias(), &plan.output(), &plan.output_bias()})
+  for (const model::LazyTensor* tensor :
+       {&plan.output_norm(), &plan.output_norm_bias(), &plan.output(), &plan.output_bias()})
     if (*tensor) tensor->data();
 }
 
@@ -386,7 +388,9 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
       if (*bias) segments[count++] = {y, f32_data(*bias), bias->cols()};
     add_biases({segments, count}, rows, s);
   };
-  const auto add_bias = [&](float* y, const model::LazyTensor& bias, int64_t rows) { add_bias_rows({{y, &bias}}, rows); };
+  const auto add_bias = [&](float* y, const model::LazyTensor& bias, int64_t rows) {
+    add_bias_rows({{y, &bias}}, rows);
+  };
   // The block's norm (RMSNorm or LayerNorm) of rows of the stream into `normalized`, also writing the 8-bit form
   // that `consumer`'s product reads.
   const auto normalize = [&](const float* in, const model::LazyTensor& weight, const model::LazyTensor& bias,
@@ -447,19 +451,24 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
                 {device_matrix(layer.attn_v), v.as<float>()}},
                normalized, n, false);
     }
-    add_bias_rows({{q.as<float>(), &layer.attn_q_bias}, {k.as<float>(), &layer.attn_k_bias},
-                   {v.as<float>(), &layer.attn_v_bias}},
-                  n);
-    if (layer.attn_q_norm) {
-      const HeadNormSegment heads[] = {{q.as<float>(), f32_data(layer.attn_q_norm), n * c.n_heads},
-                                       {k.as<float>(), f32_data(layer.attn_k_norm), n * c.n_kv_heads}};
-      head_rmsnorm(heads, c.head_dim, c.norm_eps, s);
-    }
-    if (n == 1 && attention_decode_runs(layer_shape)) {
-      // Also rotates q and k, stores k and v, and writes the 8-bit form that the output projection reads.
-      attention_decode(layer_shape, q.as<float>(), k.as<float>(), v.as<float>(), angles, key_cache(l), value_cache(l),
-                       context, step, partials.as<float>(), attention_out.output_for(layer.attn_output.type(), n), s);
+    if (n == 1 && attention_decode_runs(layer_shape) &&
+        (!layer.attn_q_norm || attention_decode_takes_norms(layer_shape))) {
+      // Also adds the biases, normalizes the heads, rotates q and k, stores k and v, and writes the 8-bit form
+      // that the output projection reads.
+      const QkvExtras extras{f32_data(layer.attn_q_bias), f32_data(layer.attn_k_bias), f32_data(layer.attn_v_bias),
+                             f32_data(layer.attn_q_norm), f32_data(layer.attn_k_norm), c.norm_eps};
+      attention_decode(layer_shape, q.as<float>(), k.as<float>(), v.as<float>(), extras, angles, key_cache(l),
+                       value_cache(l), context, step, partials.as<float>(),
+                       attention_out.output_for(layer.attn_output.type(), n), s);
     } else {
+      add_bias_rows({{q.as<float>(), &layer.attn_q_bias}, {k.as<float>(), &layer.attn_k_bias},
+                     {v.as<float>(), &layer.attn_v_bias}},
+                    n);
+      if (layer.attn_q_norm) {
+        const HeadNormSegment heads[] = {{q.as<float>(), f32_data(layer.attn_q_norm), n * c.n_heads},
+                                         {k.as<float>(), f32_data(layer.attn_k_norm), n * c.n_kv_heads}};
+        head_rmsnorm(heads, c.head_dim, c.norm_eps, s);
+      }
       rope_and_store(layer_shape, q.as<float>(), k.as<float>(), v.as<float>(), angles, n, step, key_cache(l),
                      value_cache(l), s);
       attention_prompt(layer_shape, q.as<float>(), key_cache(l), value_cache(l), n, step, attention_out.f32(), s);
@@ -479,7 +488,8 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
 
     // Feed-forward of the stream normalized anew (or, where attention and feed-forward run in parallel, of the
     // attention's normalized input): down(act(gate(x)) * up(x)), or down(gelu(up(x))), added to the stream.
-    if (!c.arch->parallel_blocks) normalize(x.as<float>(), layer.ffn_norm, layer.ffn_norm_bias, n, layer.ffn_gate ? layer.ffn_gate : layer.ffn_up);
+    if (!c.arch->parallel_blocks)
+      normalize(x.as<float>(), layer.ffn_norm, layer.ffn_norm_bias, n, layer.ffn_gate ? layer.ffn_gate : layer.ffn_up);
     const Activation activation = c.arch->ffn == model::FfnKind::SiluGated ? Activation::Silu : Activation::Gelu;
     if (layer.ffn_gate) {
       multiply({{device_matrix(layer.ffn_gate), hidden.f32()}, {device_matrix(layer.ffn_up), up.as<float>()}},
