@@ -21,6 +21,7 @@
 #include "cli/file_type.h"
 #include "gguf/gguf.h"
 #include "gguf/writer.h"
+#include "model/architecture.h"
 #include "quant/quant.h"
 #include "util/error.h"
 
@@ -29,28 +30,26 @@ namespace {
 
 constexpr float kWeightStddev = 0.02f;
 
-// What a family's files hold besides the tensors and keys that every family has.
-enum Feature : uint32_t {
-  kQkvBias = 1u << 0,       // attn_q.bias, attn_k.bias, attn_v.bias (attn_qkv.bias where fused)
-  kQkNorm = 1u << 1,        // attn_q_norm.weight, attn_k_norm.weight: per-head norms of queries and keys
-  kPostNorms = 1u << 2,     // post_attention_norm.weight, post_ffw_norm.weight: norms of a block's outputs
-  kFusedQkv = 1u << 3,      // attn_qkv.weight (q, k and v rows) in place of attn_q, attn_k and attn_v
-  kFusedGateUp = 1u << 4,   // ffn_up.weight holds the gate's rows then up's; no ffn_gate.weight
-  kHeadSizeKeys = 1u << 5,  // attention.key_length and attention.value_length
-  kRopeDimsKey = 1u << 6,   // rope.dimension_count
+// How a family's converter lays out its files, beyond the weights its architecture needs (model/architecture.h:
+// the optional weight groups gen-model writes are the `needs` of the family's entry there).
+enum Layout : uint32_t {
+  kFusedQkv = 1u << 0,      // attn_qkv.weight (q, k and v rows) in place of attn_q, attn_k and attn_v
+  kFusedGateUp = 1u << 1,   // ffn_up.weight holds the gate's rows then up's; no ffn_gate.weight
+  kHeadSizeKeys = 1u << 2,  // attention.key_length and attention.value_length
+  kRopeDimsKey = 1u << 3,   // rope.dimension_count
 };
 
 struct Family {
   std::string_view architecture;  // general.architecture, and the prefix of the hyperparameter keys
   float norm_epsilon;             // attention.layer_norm_rms_epsilon
-  uint32_t features;
+  uint32_t layout;
 };
 
 constexpr Family kLlama{"llama", 1e-5f, kRopeDimsKey};
-constexpr Family kQwen2{"qwen2", 1e-6f, kQkvBias};
-constexpr Family kQwen3{"qwen3", 1e-6f, kQkNorm | kHeadSizeKeys | kRopeDimsKey};
+constexpr Family kQwen2{"qwen2", 1e-6f, 0};
+constexpr Family kQwen3{"qwen3", 1e-6f, kHeadSizeKeys | kRopeDimsKey};
 constexpr Family kPhi3{"phi3", 1e-5f, kFusedQkv | kFusedGateUp | kRopeDimsKey};
-constexpr Family kGemma3{"gemma3", 1e-6f, kQkNorm | kPostNorms | kHeadSizeKeys};
+constexpr Family kGemma3{"gemma3", 1e-6f, kHeadSizeKeys};
 
 // Sliding-window attention (Gemma 3): all layers but every `pattern`-th see only the last `window` positions,
 // and rotate with their own base.
@@ -123,31 +122,33 @@ struct TensorSpec {
 std::vector<TensorSpec> tensor_specs(const ModelShape& shape, uint64_t n_vocab) {
   const uint64_t dim = shape.dim, ffn = shape.ffn_dim, head = shape.head_dim;
   const uint64_t q_dim = head * shape.n_heads, kv_dim = head * shape.n_kv_heads;
-  const auto has = [&](uint32_t feature) { return (shape.family.features & feature) != 0; };
+  const uint32_t needs = model::find_architecture(shape.family.architecture)->needs;
+  const auto has = [&](model::Weights weights) { return (needs & weights) != 0; };
+  const auto laid_out = [&](Layout layout) { return (shape.family.layout & layout) != 0; };
   std::vector<TensorSpec> specs = {{"token_embd.weight", {dim, n_vocab}}};
   for (uint32_t layer = 0; layer < shape.n_layers; ++layer) {
     const auto add = [&](std::string_view name, std::vector<uint64_t> dims, bool present = true) {
       if (present) specs.push_back({fmt::format("blk.{}.{}", layer, name), std::move(dims)});
     };
     add("attn_norm.weight", {dim});
-    if (has(kFusedQkv)) {
+    if (laid_out(kFusedQkv)) {
       add("attn_qkv.weight", {dim, q_dim + 2 * kv_dim});
-      add("attn_qkv.bias", {q_dim + 2 * kv_dim}, has(kQkvBias));
+      add("attn_qkv.bias", {q_dim + 2 * kv_dim}, has(model::kQkvBias));
     } else {
       for (const auto& [part, rows] : {std::pair{"attn_q", q_dim}, {"attn_k", kv_dim}, {"attn_v", kv_dim}}) {
         add(fmt::format("{}.weight", part), {dim, rows});
-        add(fmt::format("{}.bias", part), {rows}, has(kQkvBias));
+        add(fmt::format("{}.bias", part), {rows}, has(model::kQkvBias));
       }
     }
-    add("attn_q_norm.weight", {head}, has(kQkNorm));
-    add("attn_k_norm.weight", {head}, has(kQkNorm));
+    add("attn_q_norm.weight", {head}, has(model::kQkNorm));
+    add("attn_k_norm.weight", {head}, has(model::kQkNorm));
     add("attn_output.weight", {q_dim, dim});
-    add("post_attention_norm.weight", {dim}, has(kPostNorms));
+    add("post_attention_norm.weight", {dim}, has(model::kPostNorms));
     add("ffn_norm.weight", {dim});
-    add("ffn_gate.weight", {dim, ffn}, !has(kFusedGateUp));
-    add("ffn_up.weight", {dim, has(kFusedGateUp) ? 2 * ffn : ffn});
+    add("ffn_gate.weight", {dim, ffn}, !laid_out(kFusedGateUp));
+    add("ffn_up.weight", {dim, laid_out(kFusedGateUp) ? 2 * ffn : ffn});
     add("ffn_down.weight", {ffn, dim});
-    add("post_ffw_norm.weight", {dim}, has(kPostNorms));
+    add("post_ffw_norm.weight", {dim}, has(model::kPostNorms));
   }
   specs.push_back({"output_norm.weight", {dim}});
   if (!shape.tied_embeddings) specs.push_back({"output.weight", {dim, n_vocab}});
@@ -166,12 +167,12 @@ void set_hyperparameters(gguf::Writer& writer, const ModelShape& shape, uint64_t
   set("feed_forward_length", shape.ffn_dim);
   set("attention.head_count", shape.n_heads);
   set("attention.head_count_kv", shape.n_kv_heads);
-  if (family.features & kHeadSizeKeys) {
+  if (family.layout & kHeadSizeKeys) {
     set("attention.key_length", shape.head_dim);
     set("attention.value_length", shape.head_dim);
   }
   set("rope.freq_base", shape.rope_base);
-  if (family.features & kRopeDimsKey) set("rope.dimension_count", shape.head_dim);
+  if (family.layout & kRopeDimsKey) set("rope.dimension_count", shape.head_dim);
   set("attention.layer_norm_rms_epsilon", family.norm_epsilon);
   if (shape.sliding.window > 0) {
     set("attention.sliding_window", shape.sliding.window);
