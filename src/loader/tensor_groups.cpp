@@ -25,8 +25,7 @@ std::vector<TensorGroup> execution_order_groups(const model::ExecutionPlan& plan
     for (const model::LazyTensor* tensor : plan.layer(i).tensors()) layer.tensors.push_back(&tensor->info());
   }
   TensorGroup& output = groups.emplace_back(TensorGroup{"output", {}});
-  for (const model::LazyTensor* tensor : {&plan.output_norm(), &plan.output_norm_bias(), &plan.output(), &plan.output_bias()})
-    if (*tensor) output.tensors.push_back(&tensor->info());
+  for (const model::LazyTensor* tensor : plan.output_tensors()) output.tensors.push_back(&tensor->info());
   return groups;
 }
 

@@ -55,6 +55,11 @@ struct ModelConfig {
   bool sliding(int64_t layer) const {
     return sliding_window > 0 && (sliding_pattern == 0 || layer % sliding_pattern < sliding_pattern - 1);
   }
+  // Whether sliding-window layers rotate with frequencies of their own (their base differs, or full-context
+  // layers scale theirs), so that a backend keeps a second table of angles for them.
+  bool sliding_layers_rotate_apart() const {
+    return sliding_window > 0 && (rope_base_sliding != rope_base || rope_scaling != RopeScaling::None);
+  }
   // The rotation speed of each dimension pair of a sliding or a full-context layer: base^(-2i / rope_dims),
   // divided by the linear scale factor or by rope_freqs.weight[i] (`freq_factors`, Llama 3) where the
   // configuration asks for it (full-context layers only). In double: at position 100000 a float frequency

@@ -190,13 +190,19 @@ void ExecutionPlan::preload_layers(int64_t first, int64_t last) const {
     for (const LazyTensor* tensor : layer(i).tensors()) tensor->data();
 }
 
+std::vector<const LazyTensor*> ExecutionPlan::output_tensors() const {
+  std::vector<const LazyTensor*> tensors;
+  for (const LazyTensor* tensor : {&output_norm_, &output_norm_bias_, &output_, &output_bias_})
+    if (*tensor) tensors.push_back(tensor);
+  return tensors;
+}
+
 void ExecutionPlan::preload_all() const {
   token_embd_.data();
   if (position_embd_) position_embd_.data();
   if (rope_freqs_) rope_freqs_.data();
   preload_layers(0, config_.n_layers - 1);
-  for (const LazyTensor* tensor : {&output_norm_, &output_norm_bias_, &output_, &output_bias_})
-    if (*tensor) tensor->data();
+  for (const LazyTensor* tensor : output_tensors()) tensor->data();
 }
 
 LoadingStats ExecutionPlan::loading_stats() const {

@@ -60,6 +60,8 @@ class ExecutionPlan {
   const LazyTensor& output() const { return output_; }            // n_embd -> vocab; token_embd when tied
   const LazyTensor& output_bias() const { return output_bias_; }  // [vocab] F32, or empty
   const LazyTensor& rope_freqs() const { return rope_freqs_; }    // [rope_dims / 2] F32; empty unless Llama3
+  // The output norm (and its bias), the output matrix (and its bias): those the file has, in execution order.
+  std::vector<const LazyTensor*> output_tensors() const;
 
   // The residency the plan was built with.
   Residency& residency() const { return *residency_; }

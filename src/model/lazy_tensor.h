@@ -116,6 +116,12 @@ class LazyTensor {
   uint64_t stored_offset() const {
     return static_cast<uint64_t>(first_) * (is_matrix() ? row_bytes() : rf::row_bytes(type(), 1));
   }
+  // The first value of an F32 vector (or a slice of one) where data() placed it, host or device: every backend
+  // keeps F32 vectors as the file stores them. Null for an empty handle.
+  const float* f32_values() const {
+    if (!slot_) return nullptr;
+    return reinterpret_cast<const float*>(static_cast<const uint8_t*>(data()) + stored_offset());
+  }
 
   // Materializes on first use, once even under concurrent calls; afterwards a load-acquire and a return.
   // When materialize() throws, the error reaches this caller and the next call tries again.

@@ -116,6 +116,7 @@ TEST(ConfigTest, Gemma2SlidesEveryOtherLayerAndCaps) {
   EXPECT_FLOAT_EQ(c.logits_cap, 5.0f);
   EXPECT_FLOAT_EQ(c.embedding_scale, 16.0f);  // sqrt(256)
   EXPECT_FLOAT_EQ(c.attention_scale, 0.125f);  // 1 / sqrt(head_dim 64)
+  EXPECT_FALSE(c.sliding_layers_rotate_apart());  // one rope base for every layer
 }
 
 TEST(ConfigTest, Gemma3SlidingLayersHaveTheirOwnRopeBase) {
@@ -125,6 +126,7 @@ TEST(ConfigTest, Gemma3SlidingLayersHaveTheirOwnRopeBase) {
   EXPECT_FALSE(c.sliding(2));
   EXPECT_FLOAT_EQ(c.rope_base, 1e6f);
   EXPECT_FLOAT_EQ(c.rope_base_sliding, 1e4f);
+  EXPECT_TRUE(c.sliding_layers_rotate_apart());
   EXPECT_EQ(c.attention_cap, 0.0f);  // llama.cpp caps Gemma 2 only
   EXPECT_DOUBLE_EQ(c.rope_inverse_frequencies(true, nullptr)[1], std::pow(1e4, -2.0 / 64));
   EXPECT_DOUBLE_EQ(c.rope_inverse_frequencies(false, nullptr)[1], std::pow(1e6, -2.0 / 64));

@@ -12,12 +12,6 @@ namespace {
 
 size_t index(int64_t i) { return static_cast<size_t>(i); }
 
-// A vector of F32 weights (or a slice of one); null for an empty handle.
-const float* f32_data(const model::LazyTensor& tensor) {
-  if (!tensor) return nullptr;
-  return reinterpret_cast<const float*>(static_cast<const uint8_t*>(tensor.data()) + tensor.stored_offset());
-}
-
 }  // namespace
 
 Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options)
@@ -29,7 +23,7 @@ Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOpti
       cache_(config_, options.context > 0 ? options.context : config_.context_length, options.kv_type) {
   if (max_batch_ <= 0) fail("max_batch must be positive, got {}", max_batch_);
   if (layers_ > config_.n_layers) fail("the model has {} layers, not {}", config_.n_layers, layers_);
-  const float* freq_factors = f32_data(plan.rope_freqs());
+  const float* freq_factors = plan.rope_freqs().f32_values();
   for (const bool sliding : {false, true})
     inverse_frequencies_[sliding] = config_.rope_inverse_frequencies(sliding, freq_factors);
   scores_.resize(index(pool_.size() * cache_.capacity()));
@@ -89,18 +83,18 @@ std::span<const float> Transformer::forward_hidden(std::span<const int32_t> toke
 void Transformer::normalize(float* out, const float* in, const model::LazyTensor& weight,
                             const model::LazyTensor& bias, int64_t rows) const {
   const int64_t width = config_.n_embd;
-  const float* w = f32_data(weight);
+  const float* w = weight.f32_values();
   for (int64_t t = 0; t < rows; ++t) {
     if (config_.arch->norm == model::NormKind::Rms)
       rmsnorm(out + t * width, in + t * width, w, width, config_.norm_eps);
     else
-      layernorm(out + t * width, in + t * width, w, f32_data(bias), width, config_.norm_eps);
+      layernorm(out + t * width, in + t * width, w, bias.f32_values(), width, config_.norm_eps);
   }
 }
 
 void Transformer::project(const model::LazyTensor& weight, const model::LazyTensor& bias, float* out) {
   matmul(pool_, matrix_of(weight), input_, out);
-  if (bias) add_rows(out, f32_data(bias), input_.rows(), weight.rows());
+  if (bias) add_rows(out, bias.f32_values(), input_.rows(), weight.rows());
 }
 
 void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which, float* logits) {
@@ -112,7 +106,7 @@ void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t positio
   // rotation angles of its position.
   const model::LazyTensor& embeddings = plan_.token_embd();
   const model::LazyTensor& positions = plan_.position_embd();
-  std::vector<float> position_row(positions ? index(c.n_embd) : 0);
+  const int tables = c.sliding_layers_rotate_apart() ? 2 : 1;
   for (int64_t t = 0; t < n; ++t) {
     float* x = &x_[index(t * c.n_embd)];
     const auto* row = static_cast<const uint8_t*>(embeddings.data()) + index(tokens[index(t)]) * embeddings.row_bytes();
@@ -120,13 +114,15 @@ void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t positio
     if (c.embedding_scale != 1.0f)
       for (int64_t i = 0; i < c.n_embd; ++i) x[i] *= c.embedding_scale;
     if (positions) {
-      const auto* learned = static_cast<const uint8_t*>(positions.data()) + index(position + t) * positions.row_bytes();
-      quant::dequantize(positions.type(), learned, position_row.data(), c.n_embd);
-      add(x, position_row.data(), c.n_embd);
+      // The token's row of delta_, which the layers write later, holds its learned position meanwhile.
+      float* learned = &delta_[index(t * c.n_embd)];
+      const auto* stored = static_cast<const uint8_t*>(positions.data()) + index(position + t) * positions.row_bytes();
+      quant::dequantize(positions.type(), stored, learned, c.n_embd);
+      add(x, learned, c.n_embd);
     }
     if (c.rotary())
-      for (const bool sliding : {false, true})
-        rope_angles(&rope_[sliding][index(t * c.rope_dims)], position + t, inverse_frequencies_[sliding]);
+      for (int table = 0; table < tables; ++table)
+        rope_angles(&rope_[table][index(t * c.rope_dims)], position + t, inverse_frequencies_[table]);
   }
 
   for (int64_t l = 0; l < layers_; ++l) {
@@ -135,7 +131,7 @@ void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t positio
       if (post_norm)
         for (int64_t t = 0; t < n; ++t) {
           float* row = &delta_[index(t * c.n_embd)];
-          rmsnorm(row, row, f32_data(post_norm), c.n_embd, c.norm_eps);
+          rmsnorm(row, row, post_norm.f32_values(), c.n_embd, c.norm_eps);
         }
       add(x_.data(), delta_.data(), n * c.n_embd);
     };
@@ -171,16 +167,16 @@ void Transformer::attention_block(int64_t l, int64_t n, int64_t position) {
                          {matrix_of(layer.attn_k), k_.data()},
                          {matrix_of(layer.attn_v), v_.data()}};
   matmul(pool_, qkv, input_);
-  if (layer.attn_q_bias) add_rows(q_.data(), f32_data(layer.attn_q_bias), n, c.q_dim());
-  if (layer.attn_k_bias) add_rows(k_.data(), f32_data(layer.attn_k_bias), n, c.kv_dim());
-  if (layer.attn_v_bias) add_rows(v_.data(), f32_data(layer.attn_v_bias), n, c.kv_dim());
+  if (layer.attn_q_bias) add_rows(q_.data(), layer.attn_q_bias.f32_values(), n, c.q_dim());
+  if (layer.attn_k_bias) add_rows(k_.data(), layer.attn_k_bias.f32_values(), n, c.kv_dim());
+  if (layer.attn_v_bias) add_rows(v_.data(), layer.attn_v_bias.f32_values(), n, c.kv_dim());
   // Each head of q and k normalized (Qwen 3, Gemma 3), then rotated by its position; keys and values cached.
   const auto head_norm = [&](float* heads, int64_t count, const model::LazyTensor& weight) {
     if (!weight) return;
     for (int64_t h = 0; h < count; ++h)
-      rmsnorm(heads + h * c.head_dim, heads + h * c.head_dim, f32_data(weight), c.head_dim, c.norm_eps);
+      rmsnorm(heads + h * c.head_dim, heads + h * c.head_dim, weight.f32_values(), c.head_dim, c.norm_eps);
   };
-  const std::vector<float>& angles = rope_[c.sliding(l)];
+  const std::vector<float>& angles = rope_[c.sliding(l) && c.sliding_layers_rotate_apart()];
   for (int64_t t = 0; t < n; ++t) {
     float* q = &q_[index(t * c.q_dim())];
     float* k = &k_[index(t * c.kv_dim())];
@@ -205,8 +201,8 @@ void Transformer::ffn_block(const model::LayerPlan& layer, int64_t n) {
     // down(act(gate(x)) * up(x)), gate and up as one job.
     const Product gate_up[] = {{matrix_of(layer.ffn_gate), hb_.data()}, {matrix_of(layer.ffn_up), hb2_.data()}};
     matmul(pool_, gate_up, input_);
-    if (layer.ffn_gate_bias) add_rows(hb_.data(), f32_data(layer.ffn_gate_bias), n, c.n_ff);
-    if (layer.ffn_up_bias) add_rows(hb2_.data(), f32_data(layer.ffn_up_bias), n, c.n_ff);
+    if (layer.ffn_gate_bias) add_rows(hb_.data(), layer.ffn_gate_bias.f32_values(), n, c.n_ff);
+    if (layer.ffn_up_bias) add_rows(hb2_.data(), layer.ffn_up_bias.f32_values(), n, c.n_ff);
     if (c.arch->ffn == model::FfnKind::GeluGated)
       geglu(hb_.data(), hb2_.data(), n * c.n_ff);
     else

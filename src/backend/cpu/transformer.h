@@ -71,7 +71,8 @@ class Transformer final : public model::ForwardPass {
   int64_t layers_;
   ThreadPool pool_;
   KvCache cache_;
-  // The rotary frequencies of full-context layers [0] and of sliding-window layers [1].
+  // The rotary frequencies of full-context layers [0] and of sliding-window layers [1] (used where those rotate
+  // apart: ModelConfig::sliding_layers_rotate_apart).
   std::vector<double> inverse_frequencies_[2];
 
   // Activations of the batch, one row per token (llama2.c's RunState).

@@ -26,11 +26,6 @@ AttentionShape attention_shape(const model::ModelConfig& c, int64_t l = -1) {
           c.attention_scale, c.attention_cap,    l >= 0 && c.sliding(l) ? c.sliding_window : 0};
 }
 
-// A vector of F32 weights (or a slice of one) on the device; null for an empty handle.
-const float* f32_data(const model::LazyTensor& tensor) {
-  if (!tensor) return nullptr;
-  return reinterpret_cast<const float*>(static_cast<const uint8_t*>(tensor.data()) + tensor.stored_offset());
-}
 
 // Whether a layer is the llama block and nothing more: what the product chains compute.
 bool llama_block(const model::ModelConfig& c, const model::LayerPlan& layer) {
@@ -38,6 +33,12 @@ bool llama_block(const model::ModelConfig& c, const model::LayerPlan& layer) {
          !layer.attn_q_bias && !layer.attn_k_bias && !layer.attn_v_bias && !layer.attn_q_norm &&
          !layer.attn_output_bias && !layer.attn_post_norm && !layer.ffn_gate_bias && !layer.ffn_up_bias &&
          !layer.ffn_down_bias && !layer.ffn_post_norm;
+}
+
+// Whether any layer normalizes a block's output before the residual add (Gemma 2/3, GLM-4).
+bool has_post_norms(const model::ExecutionPlan& plan) {
+  return std::any_of(plan.layers().begin(), plan.layers().end(),
+                     [](const model::LayerPlan& layer) { return layer.attn_post_norm || layer.ffn_post_norm; });
 }
 
 // Rejects what the kernels cannot run from layer first_layer on, naming it.
@@ -53,9 +54,7 @@ void check_supported(const model::ExecutionPlan& plan, const AttentionShape& sha
     fail("tensor '{}' has type {}: the GPU backend takes learned positions in F32 or F16", positions.name(),
          tensor_type_name(positions.type()));
   // A post-norm's output passes through the normalized rows, which a parallel block's feed-forward still reads.
-  if (plan.config().arch->parallel_blocks &&
-      std::any_of(plan.layers().begin(), plan.layers().end(),
-                  [](const model::LayerPlan& layer) { return layer.attn_post_norm || layer.ffn_post_norm; }))
+  if (plan.config().arch->parallel_blocks && has_post_norms(plan))
     fail("the GPU backend runs no post-norms in blocks whose attention and feed-forward run in parallel");
   std::vector<const model::LazyTensor*> matrices{&plan.output()};
   if (first_layer == 0) matrices.push_back(&plan.token_embd());
@@ -106,9 +105,7 @@ void preload_from(const model::ExecutionPlan& plan, int64_t first_layer) {
     return;
   }
   if (first_layer < plan.config().n_layers) plan.preload_layers(first_layer, plan.config().n_layers - 1);
-  for (const model::LazyTensor* tensor :
-       {&plan.output_norm(), &plan.output_norm_bias(), &plan.output(), &plan.output_bias()})
-    if (*tensor) tensor->data();
+  for (const model::LazyTensor* tensor : plan.output_tensors()) tensor->data();
 }
 
 // Where a chain writes its results: the activations of one token, and the logits where the last layer's chain makes
@@ -300,18 +297,14 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
       step_host(static_cast<size_t>(1 + max_batch) * sizeof(int32_t), "the batch's tokens"),
       logits_host(bytes_of_floats(config.vocab_size), "logits") {
   if (first_layer > 0) hidden_host = PinnedBuffer(bytes_of_floats(max_batch * config.n_embd), "the residual stream");
-  if (std::any_of(plan.layers().begin(), plan.layers().end(),
-                  [](const model::LayerPlan& layer) { return layer.attn_post_norm || layer.ffn_post_norm; }))
+  if (has_post_norms(plan))
     block_out = DeviceBuffer(bytes_of_floats(max_batch * config.n_embd), "activations");
   const float* freq_factors = plan.rope_freqs()
                                   ? reinterpret_cast<const float*>(plan.file().tensor_data(plan.rope_freqs().info()).data())
                                   : nullptr;
   std::vector<DeviceBuffer> frequencies;  // kept until the tables are made
-  // Sliding-window layers have a table of their own where their frequencies differ.
-  const bool own_sliding_table = config.sliding_window > 0 && config.rope_inverse_frequencies(true, freq_factors) !=
-                                                                  config.rope_inverse_frequencies(false, freq_factors);
   for (const bool sliding : {false, true}) {
-    if (!config.rotary() || (sliding && !own_sliding_table)) break;
+    if (!config.rotary() || (sliding && !config.sliding_layers_rotate_apart())) break;
     const std::vector<double> inverse = config.rope_inverse_frequencies(sliding, freq_factors);
     const DeviceBuffer& inverse_frequencies =
         frequencies.emplace_back(inverse.size() * sizeof(double), "rotary frequencies");
@@ -385,7 +378,7 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
     BiasSegment segments[3];
     size_t count = 0;
     for (const auto& [y, bias] : pairs)
-      if (*bias) segments[count++] = {y, f32_data(*bias), bias->cols()};
+      if (*bias) segments[count++] = {y, bias->f32_values(), bias->cols()};
     add_biases({segments, count}, rows, s);
   };
   const auto add_bias = [&](float* y, const model::LazyTensor& bias, int64_t rows) {
@@ -397,9 +390,9 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
                              int64_t rows, const model::LazyTensor& consumer) {
     const ActivationOutput out = normalized.output_for(consumer.type(), rows);
     if (c.arch->norm == model::NormKind::Rms)
-      rmsnorm(in, f32_data(weight), rows, c.n_embd, c.norm_eps, out, s);
+      rmsnorm(in, weight.f32_values(), rows, c.n_embd, c.norm_eps, out, s);
     else
-      layernorm(in, f32_data(weight), f32_data(bias), rows, c.n_embd, c.norm_eps, out, s);
+      layernorm(in, weight.f32_values(), bias.f32_values(), rows, c.n_embd, c.norm_eps, out, s);
   };
   // weight x input (+ bias) added to the residual stream, through the post-norm where the layer has one.
   const auto add_to_stream = [&](const model::LazyTensor& weight, const model::LazyTensor& bias,
@@ -409,7 +402,7 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
     add_bias(out, bias, n);
     if (!post_norm) return;
     normalized.changed();
-    rmsnorm(out, f32_data(post_norm), n, c.n_embd, c.norm_eps, ActivationOutput{.f32 = normalized.f32()}, s);
+    rmsnorm(out, post_norm.f32_values(), n, c.n_embd, c.norm_eps, ActivationOutput{.f32 = normalized.f32()}, s);
     add(x.as<float>(), normalized.f32(), n * c.n_embd, s);
   };
 
@@ -436,7 +429,7 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
   for (int64_t l = first_layer; l < c.n_layers; ++l) {
     const model::LayerPlan& layer = plan.layer(l);
     const AttentionShape layer_shape = attention_shape(c, l);
-    const float* angles = rope[c.sliding(l) && rope[1].data()].as<float>();
+    const float* angles = rope[c.sliding(l) && c.sliding_layers_rotate_apart()].as<float>();
     // The layer's weights may still be streaming in: wait for this layer's only (at once when resident), and in
     // chains for the next layer's too.
     plan.preload_layers(l, in_chains ? std::min(l + 1, c.n_layers - 1) : l);
@@ -455,8 +448,9 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
         (!layer.attn_q_norm || attention_decode_takes_norms(layer_shape))) {
       // Also adds the biases, normalizes the heads, rotates q and k, stores k and v, and writes the 8-bit form
       // that the output projection reads.
-      const QkvExtras extras{f32_data(layer.attn_q_bias), f32_data(layer.attn_k_bias), f32_data(layer.attn_v_bias),
-                             f32_data(layer.attn_q_norm), f32_data(layer.attn_k_norm), c.norm_eps};
+      const QkvExtras extras{layer.attn_q_bias.f32_values(), layer.attn_k_bias.f32_values(),
+                             layer.attn_v_bias.f32_values(), layer.attn_q_norm.f32_values(),
+                             layer.attn_k_norm.f32_values(), c.norm_eps};
       attention_decode(layer_shape, q.as<float>(), k.as<float>(), v.as<float>(), extras, angles, key_cache(l),
                        value_cache(l), context, step, partials.as<float>(),
                        attention_out.output_for(layer.attn_output.type(), n), s);
@@ -465,8 +459,8 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
                      {v.as<float>(), &layer.attn_v_bias}},
                     n);
       if (layer.attn_q_norm) {
-        const HeadNormSegment heads[] = {{q.as<float>(), f32_data(layer.attn_q_norm), n * c.n_heads},
-                                         {k.as<float>(), f32_data(layer.attn_k_norm), n * c.n_kv_heads}};
+        const HeadNormSegment heads[] = {{q.as<float>(), layer.attn_q_norm.f32_values(), n * c.n_heads},
+                                         {k.as<float>(), layer.attn_k_norm.f32_values(), n * c.n_kv_heads}};
         head_rmsnorm(heads, c.head_dim, c.norm_eps, s);
       }
       rope_and_store(layer_shape, q.as<float>(), k.as<float>(), v.as<float>(), angles, n, step, key_cache(l),
