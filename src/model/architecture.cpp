@@ -18,6 +18,7 @@ constexpr std::array kArchitectures = {
                  .default_attention_cap = 50.0f,
                  .default_logits_cap = 30.0f,
                  .default_sliding_pattern = 2,
+                 .default_sliding_window = 4096,
                  .needs = kPostNorms},
     Architecture{.name = "gemma3",
                  .rope_style = RopeStyle::NeoX,

@@ -59,9 +59,11 @@ struct Architecture {
   // the file has no attn_logit_softcapping / final_logit_softcapping key (Gemma 2); 0: none.
   float default_attention_cap = 0.0f;
   float default_logits_cap = 0.0f;
-  // Sliding-window layers where the file has attention.sliding_window: layer l is one when
-  // l % pattern < pattern - 1 (attention.sliding_window_pattern overrides this default); 0: never.
+  // Sliding-window layers: layer l is one when l % pattern < pattern - 1 (attention.sliding_window_pattern
+  // overrides this default; 0: never), attending to attention.sliding_window positions, or to llama.cpp's default
+  // window where the file has no such key (Gemma 2: 4096; 0: the key is required).
   int64_t default_sliding_pattern = 0;
+  int64_t default_sliding_window = 0;
   uint32_t needs = 0;  // Weights the family must have
   uint32_t may = 0;    // Weights it may have besides
 };

@@ -166,8 +166,10 @@ ModelConfig read_config(const gguf::File& file) {
   }
   if (arch.scale_embeddings) config.embedding_scale = std::sqrt(static_cast<float>(config.n_embd));
 
-  if (arch.default_sliding_pattern > 0 && keys.has("attention.sliding_window")) {
-    config.sliding_window = keys.count("attention.sliding_window");
+  if (arch.default_sliding_pattern > 0) {
+    config.sliding_window = arch.default_sliding_window > 0
+                                ? keys.count_or("attention.sliding_window", arch.default_sliding_window)
+                                : keys.count("attention.sliding_window");
     config.sliding_pattern = keys.count_or("attention.sliding_window_pattern", arch.default_sliding_pattern);
   }
 

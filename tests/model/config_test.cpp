@@ -132,6 +132,20 @@ TEST(ConfigTest, Gemma3SlidingLayersHaveTheirOwnRopeBase) {
   EXPECT_DOUBLE_EQ(c.rope_inverse_frequencies(false, nullptr)[1], std::pow(1e6, -2.0 / 64));
 }
 
+// As llama.cpp: a Gemma 2 file without the window's key slides over 4096 positions; Gemma 3 must have the key.
+TEST(ConfigTest, SlidingWindowKeyDefaultsOrIsRequired) {
+  const auto without_window = [](const std::string& arch) {
+    return TempModel(arch_model(arch), ModelEdits().edit_keys([arch](gguf::Writer& w) {
+      w.remove(arch + ".attention.sliding_window");
+    }));
+  };
+  const TempModel gemma2 = without_window("gemma2");
+  EXPECT_EQ(config_of(gemma2.path()).sliding_window, 4096);
+  const TempModel gemma3 = without_window("gemma3");
+  const std::string message = error_of([&] { config_of(gemma3.path()); });
+  EXPECT_NE(message.find("gemma3.attention.sliding_window"), std::string::npos) << message;
+}
+
 TEST(ConfigTest, PartialRotaryAndLearnedPositions) {
   const ModelConfig phi2 = config_of(arch_model("phi2"));
   EXPECT_EQ(phi2.arch->norm, model::NormKind::Layer);
