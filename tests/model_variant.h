@@ -12,7 +12,6 @@
 
 #include "gguf/gguf.h"
 #include "gguf/writer.h"
-#include "quant/quant.h"
 #include "test_paths.h"
 
 namespace rf::test {
@@ -36,17 +35,10 @@ struct ModelEdits {
     tensors = std::move(edit);
     return *this;
   }
-  // Every tensor stored as F32, its values dequantized: the model as the reference computed it, without
-  // the 8-bit activations that quantized products use.
-  ModelEdits& dequantize_all() {
-    to_f32 = true;
-    return *this;
-  }
 
   Edit keys = [](gguf::Writer&) {};
   std::set<std::string> dropped;
   Edit tensors = [](gguf::Writer&) {};
-  bool to_f32 = false;
 };
 
 // A temporary GGUF file, deleted with the object.
@@ -64,15 +56,6 @@ class TempModel {
     edits.keys(writer);
     for (const gguf::TensorInfo& info : source->tensors()) {
       if (edits.dropped.contains(std::string(info.name))) continue;
-      if (edits.to_f32) {
-        writer.add_tensor(std::string(info.name), TensorType::F32, info.shape(), [source, &info](const gguf::ByteSink& sink) {
-          std::vector<float> values(info.elements());
-          quant::dequantize(info.type(), source->tensor_data(info).data(), values.data(),
-                            static_cast<int64_t>(values.size()));
-          sink({reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(float)});
-        });
-        continue;
-      }
       writer.add_tensor(std::string(info.name), info.type(), info.shape(),
                         [source, &info](const gguf::ByteSink& sink) { sink(source->tensor_data(info)); });
     }

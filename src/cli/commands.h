@@ -30,7 +30,8 @@ void add_eval_command(CLI::App& app);
 // llama.cpp's).
 void add_generation_options(CLI::App& command, engine::EngineOptions& engine, engine::GenerationParams& generation);
 
-// `--device auto|cpu|gpu`, its synonym `--gpu` and `--gpu-layers N`, which every command running a model takes;
+// `--device auto|cpu|gpu`, its synonym `--gpu`, `--gpu-layers N` and `--float-activations`, which every command
+// running a model takes;
 // `engine.device`'s value now is the default --help shows.
 void add_device_options(CLI::App& command, engine::EngineOptions& engine);
 

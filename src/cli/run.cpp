@@ -78,6 +78,9 @@ void add_device_options(CLI::App& command, engine::EngineOptions& engine) {
                   "model larger than device memory; default: all)")
       ->check(CLI::NonNegativeNumber)
       ->type_name("N");
+  command.add_flag("--float-activations", engine.float_activations,
+                   "Multiply quantized weights with float activations instead of 8-bit ones, as llama.cpp computes on "
+                   "an F32 copy of the weights (for comparisons with such references; slower)");
 }
 
 std::string backend_text(const engine::Engine& engine) {

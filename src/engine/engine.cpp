@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "backend/cpu/residency.h"
 #include "backend/cpu/transformer.h"
@@ -43,9 +44,13 @@ class SplitForwardPass final : public model::ForwardPass {
     return gpu_.forward(hidden, position, which);
   }
   int64_t cached() const override { return gpu_.cached(); }
+  // Each part keeps what its own rings allow (ForwardPass::truncate), so both keep the fewer of the two.
   void truncate(int64_t positions) override {
     cpu_.truncate(positions);
     gpu_.truncate(positions);
+    const int64_t kept = std::min(cpu_.cached(), gpu_.cached());
+    cpu_.truncate(kept);
+    gpu_.truncate(kept);
   }
   int64_t context() const override { return gpu_.context(); }
   int threads() { return cpu_.pool().size(); }
@@ -90,6 +95,7 @@ cpu::TransformerOptions cpu_options(const EngineOptions& options, int64_t contex
   transformer_options.threads = options.threads;
   transformer_options.context = context;
   transformer_options.layers = layers;
+  transformer_options.float_activations = options.float_activations;
   return transformer_options;
 }
 
@@ -140,7 +146,8 @@ void Engine::load(const EngineOptions& options, Clock::time_point start) {
   // The GPU transformer checks that weights, KV cache and activations fit before anything is uploaded, then
   // streams the weights in while the first tokens are computed (each layer waits for its own).
   if (device_ == Device::Gpu) {
-    const gpu::TransformerOptions gpu_options{.context = options.context};
+    const gpu::TransformerOptions gpu_options{.context = options.context,
+                                              .float_activations = options.float_activations};
     device_name_ = gpu::device_info().name;
     if (first_gpu_layer == 0) {
       forward_pass_ = std::make_unique<gpu::Transformer>(*plan_, gpu_options);
@@ -176,13 +183,24 @@ void Engine::require_fits(int64_t tokens) const {
 
 std::span<const float> Engine::extend(int64_t keep, std::span<const int32_t> tokens, bool all_logits) {
   require_fits(keep + static_cast<int64_t>(tokens.size()));
+  // The forward pass may keep fewer positions than asked (ForwardPass::truncate: a sliding-window layer's ring has
+  // lost keys): the cached tokens from what it kept on are evaluated again, before `tokens`.
+  forward_pass_->truncate(keep);
+  const int64_t kept = forward_pass_->cached();
+  std::vector<int32_t> redone;
+  if (kept < keep) {
+    redone.assign(cached_.begin() + kept, cached_.begin() + keep);
+    redone.insert(redone.end(), tokens.begin(), tokens.end());
+    tokens = redone;
+  }
   // Forget what the pass overwrites before it runs, so that a failed pass leaves the record true.
-  cached_.resize(static_cast<size_t>(keep));
+  cached_.resize(static_cast<size_t>(kept));
   const std::span<const float> logits =
-      forward_pass_->forward(tokens, keep, all_logits ? model::Logits::All : model::Logits::Last);
+      forward_pass_->forward(tokens, kept, all_logits ? model::Logits::All : model::Logits::Last);
   cached_.insert(cached_.end(), tokens.begin(), tokens.end());
   last_evaluated_ = static_cast<int64_t>(tokens.size());
-  return logits;
+  // With all_logits, the rows of the tokens asked for, not of those evaluated again before them.
+  return all_logits ? logits.subspan(static_cast<size_t>((keep - kept) * config().vocab_size)) : logits;
 }
 
 std::span<const float> Engine::evaluate(std::span<const int32_t> tokens) {

@@ -34,6 +34,9 @@ struct EngineOptions {
   // On the GPU: how many of the last layers run there, with the output; the layers before them run on the CPU
   // (for a model larger than device memory). < 0 or at least the model's layers: all; 0: none (the CPU).
   int64_t gpu_layers = -1;
+  // Products take activations in floating point instead of 8-bit blocks, as llama.cpp computes on an F32 copy
+  // of the weights: for comparisons with such references (cpu::TransformerOptions::float_activations); slower.
+  bool float_activations = false;
 };
 
 struct GenerationParams {
@@ -107,8 +110,9 @@ class Engine {
   void require_fits(int64_t tokens) const;
 
   // Evaluates `tokens` as one sequence from position 0, reusing the cached keys and values of the longest
-  // prefix it shares with the cached tokens; returns the logits of the last token (vocab_size floats, valid
-  // until the next evaluation). A sequence longer than the context is an rf::Error.
+  // prefix it shares with the cached tokens (where the KV cache keeps them: model::ForwardPass::truncate); returns
+  // the logits of the last token (vocab_size floats, valid until the next evaluation). A sequence longer than the
+  // context is an rf::Error.
   std::span<const float> evaluate(std::span<const int32_t> tokens);
   // Evaluates `tokens` from position 0 without reusing anything and returns the logits of every token, row
   // after row (perplexity).
@@ -132,7 +136,8 @@ class Engine {
   // began, for open_ms() and ready_ms().
   void load(const EngineOptions& options, std::chrono::steady_clock::time_point start);
   // Drops every cached position from `keep` on (keep <= cached), then evaluates `tokens` at positions keep,
-  // keep + 1, ... A total longer than the context is an rf::Error.
+  // keep + 1, ..., after the cached tokens before `keep` that the forward pass did not keep (last_evaluated()
+  // counts them). A total longer than the context is an rf::Error.
   // `all_logits`: the logits of every token, else of the last.
   std::span<const float> extend(int64_t keep, std::span<const int32_t> tokens, bool all_logits);
 

@@ -1,5 +1,5 @@
-// What every backend's forward pass offers the engine, and the checks they share, so that the engine runs a CPU
-// and a GPU transformer through one interface.
+// What every backend's forward pass offers the engine, and the checks and KV cache layout they share, so that the
+// engine runs a CPU and a GPU transformer through one interface.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -20,9 +20,14 @@ class ForwardPass {
   // Evaluates `tokens` at positions position, position + 1, ...: positions from `position` on are first dropped
   // from the cache (position <= cached()), then the tokens' keys and values are added. Returns the logits
   // (vocab_size floats per row) of the last token or of all tokens; the span stays valid until the next call.
-  // A token id out of range, a position past the cache or past the context is an rf::Error.
+  // A token id out of range, a position past the cache or past the context, or one that truncate(position) would
+  // not keep, is an rf::Error.
   virtual std::span<const float> forward(std::span<const int32_t> tokens, int64_t position, Logits which) = 0;
   virtual int64_t cached() const = 0;  // positions in the KV cache
+  // Drops the cached positions from `positions` on (positions <= cached()). It may drop more: where a sliding-window
+  // layer keeps a ring (kv_cache_rows), positions newer than `positions` have overwritten older keys, and once those
+  // include keys that the next query (at `positions`) sees, the cache keeps nothing (positions_after_truncate). So
+  // a caller continues from cached(), not from `positions`.
   virtual void truncate(int64_t positions) = 0;
   virtual int64_t context() const = 0;  // positions the KV cache holds at most
 };
@@ -32,5 +37,20 @@ void check_tokens(const ModelConfig& config, std::span<const int32_t> tokens);
 // An rf::Error unless n > 0 tokens at `position` follow the `cached` positions (position <= cached) within
 // `context` positions and, for learned positions, within the model's context length.
 void check_positions(const ModelConfig& config, int64_t n, int64_t position, int64_t cached, int64_t context);
+
+// Rows of layer `layer`'s KV cache, for a cache of `context` positions filled by passes of at most `max_batch` tokens.
+// A sliding-window layer keeps a ring of sliding_window + max_batch rows (position p in row p % rows: every query of
+// a pass still finds its whole window after the pass stored its own keys) where that is fewer than `context`; every
+// other layer keeps a row for each position.
+int64_t kv_cache_rows(const ModelConfig& config, int64_t layer, int64_t context, int64_t max_batch);
+// What such a cache still holds when truncated to `positions`, having stored positions below `written` since it was
+// last empty: `positions`, or 0 where a ring has overwritten keys that the next query sees. A ring of `rows` rows
+// holds positions written - rows and later, and the next query, at `positions`, sees those from
+// positions - sliding_window + 1 on: so the newest position stored may lie up to the ring's slack over the window
+// (max_batch) past `positions`.
+int64_t positions_after_truncate(const ModelConfig& config, int64_t context, int64_t max_batch, int64_t written,
+                                 int64_t positions);
+// An rf::Error unless a cache truncated to `position` by forward() kept it (`kept`: the positions it holds now).
+void check_kept(int64_t position, int64_t kept);
 
 }  // namespace rf::model

@@ -5,11 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -57,34 +58,54 @@ TEST(EvalCommandTest, WritesTheReferenceFormat) {
   const std::vector<float> theirs = read_floats(reference + ".logits.f32");
   ASSERT_EQ(ours.size(), theirs.size());
   constexpr size_t kVocab = 512;
-  for (size_t row = 0; row < ours.size() / kVocab; ++row) {
-    double ab = 0.0, aa = 0.0, bb = 0.0;
-    for (size_t i = row * kVocab; i < (row + 1) * kVocab; ++i) {
-      ab += static_cast<double>(ours[i]) * theirs[i];
-      aa += static_cast<double>(ours[i]) * ours[i];
-      bb += static_cast<double>(theirs[i]) * theirs[i];
-    }
-    EXPECT_GE(ab / std::sqrt(aa * bb), 0.999) << "row " << row;
-  }
+  for (size_t row = 0; row < ours.size() / kVocab; ++row)
+    EXPECT_GE(test::cosine(std::span(ours).subspan(row * kVocab, kVocab), std::span(theirs).subspan(row * kVocab, kVocab)),
+              0.999)
+        << "row " << row;
   std::remove((prefix + ".json").c_str());
   std::remove((prefix + ".logits.f32").c_str());
 }
 
-// For every reference, eval tokenizes the prompt as llama.cpp did (BOS as the model's tokenizer says).
-class EvalPromptTest : public ::testing::TestWithParam<std::string> {};
+// For every reference, eval makes llama.cpp's prompt tokens (BOS as the model's tokenizer says) and logits rows
+// within cosine 0.999 of its rows: the arch references with --float-activations, as llama.cpp computed them on
+// the dequantized weights (../shared/README.md). Rows are compared while eval's greedy continuation is the
+// reference's, which for the trained models and the arch models it must be all the way.
+class EvalReferenceTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(EvalPromptTest, PromptTokensAreTheReferences) {
+TEST_P(EvalReferenceTest, PromptTokensAndLogitsAreTheReferences) {
   const test::Reference ref = test::read_reference(GetParam());
   const nlohmann::json json = nlohmann::json::parse(std::ifstream(test::shared_path(GetParam())));
+  const bool arch = GetParam().starts_with("arch/");
   const std::string prefix = ::testing::TempDir() + "rf_eval_prompt_" + std::to_string(::getpid());
   const std::string prompt_file = prefix + ".prompt";
   std::ofstream(prompt_file, std::ios::binary) << json.at("prompt").get<std::string>();
   const std::string command = test::cli_path() + " eval -m '" + ref.model_path + "' -p \"$(cat '" + prompt_file +
-                              "')\" -n 1 --threads 2 --out " + prefix + " > /dev/null";
+                              "')\" -n " + std::to_string(ref.greedy_tokens.size()) + " --threads 2 --out " + prefix +
+                              (arch ? " --float-activations" : "") + " > /dev/null";
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   const nlohmann::json ours = nlohmann::json::parse(std::ifstream(prefix + ".json"));
   EXPECT_EQ(ours.at("prompt_tokens").get<std::vector<int32_t>>(), ref.prompt_tokens);
   EXPECT_EQ(ours.at("add_bos").get<bool>(), json.at("add_bos").get<bool>());
+
+  const auto greedy = ours.at("greedy_tokens").get<std::vector<int32_t>>();
+  if (arch || ref.model == "stories260K.gguf" || ref.model == "TinyStories-656K-Q8_0.gguf") {
+    EXPECT_EQ(greedy, ref.greedy_tokens);
+  }
+  const size_t agreeing = std::mismatch(greedy.begin(), greedy.end(), ref.greedy_tokens.begin(),
+                                        ref.greedy_tokens.end()).first - greedy.begin();
+  const std::vector<float> logits = read_floats(prefix + ".logits.f32");
+  ASSERT_EQ(logits.size(), ref.logits.size());
+  // Row P + i chose greedy token i after tokens 0..i-1: comparable while those agree.
+  const int64_t rows = static_cast<int64_t>(ref.prompt_tokens.size() + std::min(agreeing + 1, greedy.size()));
+  double min_cosine = 1.0;
+  for (int64_t row = 0; row < rows; ++row) {
+    const std::span<const float> our_row(logits.data() + row * ref.n_vocab, static_cast<size_t>(ref.n_vocab));
+    const double c = test::cosine(our_row, ref.row(row));
+    EXPECT_GE(c, 0.999) << "row " << row;
+    min_cosine = std::min(min_cosine, c);
+  }
+  std::cout << "[ eval ] " << GetParam() << ": min cosine " << min_cosine << " over " << rows << " rows, greedy "
+            << agreeing << "/" << ref.greedy_tokens.size() << "\n";
   for (const char* suffix : {".json", ".logits.f32", ".prompt"}) std::remove((prefix + suffix).c_str());
 }
 
@@ -94,7 +115,7 @@ std::string reference_name(const ::testing::TestParamInfo<std::string>& info) {
   return name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shared, EvalPromptTest, ::testing::ValuesIn(test::reference_files()), reference_name);
+INSTANTIATE_TEST_SUITE_P(Shared, EvalReferenceTest, ::testing::ValuesIn(test::reference_files()), reference_name);
 
 TEST(EvalCommandTest, MissingModelIsOneErrorLine) {
   const std::string command = test::cli_path() + " eval -m /nonexistent.gguf -p x -n 1 --out /tmp/x 2>&1";

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #if ROCMFORGE_HAVE_GPU
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -526,8 +527,8 @@ class AttentionCheck {
         const int64_t kv_offset = h / (c_.n_heads / c_.n_kv_heads) * c_.head_dim;
         const int64_t offset = t * q_dim + h * c_.head_dim;
         cpu::attend(&expected[offset], &q_cpu[offset], keys_cpu.data() + kv_offset, values_cpu.data() + kv_offset,
-                    position + t + 1, kv_dim, c_.head_dim, 1.0f / std::sqrt(static_cast<float>(c_.head_dim)),
-                    0.0f, scores.data());
+                    0, position + t + 1, context_, kv_dim, c_.head_dim,
+                    1.0f / std::sqrt(static_cast<float>(c_.head_dim)), 0.0f, scores.data());
       }
 
     // GPU.
@@ -700,6 +701,71 @@ TEST_F(GpuKernels, PromptAttentionTakesLlama3Heads) {
 // Heads of 36 values: scored by lanes (rows of odd pieces) on every device.
 TEST_F(GpuKernels, PromptAttentionReadsRowsOfOddPieces) {
   AttentionCheck(attention_config(model::RopeStyle::Normal, 64, 32, 36), 600, stream()).run(10, 40);
+}
+
+// A sliding-window layer's cache as a ring of its window and one pass (AttentionShape::ring): passes of 1 and 3
+// tokens at positions whose windows wrap past the ring's last row store and read the same keys and values as the
+// full layout, so the outputs are the full layout's, bit for bit (the same kernel sums the same values in order).
+TEST_F(GpuKernels, WindowedAttentionReadsARing) {
+  const model::ModelConfig c = attention_config(model::RopeStyle::Normal);
+  constexpr int64_t kWindow = 8, kContext = 64;
+  const int64_t kv_dim = c.kv_dim();
+  const std::vector<double> inverse = c.rope_inverse_frequencies(false, nullptr);
+  const DeviceBuffer inverse_device = to_device(inverse);
+  DeviceBuffer angles(static_cast<size_t>(kContext * c.rope_dims) * sizeof(float), "angles");
+  rope_table(inverse_device.as<double>(), c.rope_dims / 2, kContext, angles.as<float>(), stream());
+  const std::vector<float> cache_values = test::random_normal(static_cast<size_t>(2 * kContext * kv_dim), 21);
+  std::vector<uint16_t> keys(static_cast<size_t>(kContext * kv_dim)), values(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    keys[i] = fp32_to_fp16(cache_values[i]);
+    values[i] = fp32_to_fp16(cache_values[keys.size() + i]);
+  }
+  for (const int64_t n_tokens : {1, 3}) {
+    const int64_t ring = kWindow + n_tokens;
+    for (const int64_t position : {int64_t{5}, 2 * ring - 2, int64_t{40}}) {
+      SCOPED_TRACE(std::to_string(n_tokens) + " tokens at " + std::to_string(position));
+      // The ring holds the positions before `position` that the rows of the pass do not overwrite.
+      std::vector<uint16_t> ring_keys(static_cast<size_t>(ring * kv_dim)), ring_values(ring_keys.size());
+      for (int64_t p = std::max<int64_t>(0, position + n_tokens - ring); p < position; ++p)
+        for (int64_t i = 0; i < kv_dim; ++i) {
+          ring_keys[static_cast<size_t>(p % ring * kv_dim + i)] = keys[static_cast<size_t>(p * kv_dim + i)];
+          ring_values[static_cast<size_t>(p % ring * kv_dim + i)] = values[static_cast<size_t>(p * kv_dim + i)];
+        }
+      const std::vector<int32_t> step = {static_cast<int32_t>(position), 0, 0, 0};
+      const DeviceBuffer step_device = to_device(step);
+      const std::vector<float> q = test::random_normal(static_cast<size_t>(n_tokens * c.q_dim()), 22);
+      const std::vector<float> k = test::random_normal(static_cast<size_t>(n_tokens * kv_dim), 23);
+      const std::vector<float> v = test::random_normal(static_cast<size_t>(n_tokens * kv_dim), 24);
+      // Rotates, stores and attends in the layout of `shape`, from `cache`; returns the output and the cache.
+      const auto store_and_attend = [&](const AttentionShape& shape, const std::vector<uint16_t>& cache_keys,
+                                        const std::vector<uint16_t>& cache_values_f16) {
+        DeviceBuffer q_device = to_device(q), k_device = to_device(k);
+        const DeviceBuffer v_device = to_device(v);
+        DeviceBuffer keys_device = to_device(cache_keys), values_device = to_device(cache_values_f16);
+        DeviceBuffer out(static_cast<size_t>(n_tokens * c.q_dim()) * sizeof(float), "out");
+        rope_and_store(shape, q_device.as<float>(), k_device.as<float>(), v_device.as<float>(), angles.as<float>(),
+                       n_tokens, step_device.as<int32_t>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(),
+                       stream());
+        attention_prompt(shape, q_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(),
+                         n_tokens, step_device.as<int32_t>(), out.as<float>(), stream());
+        check(gpuStreamSynchronize(stream()), "windowed attention test");
+        return std::pair{to_host<float>(out, static_cast<size_t>(n_tokens * c.q_dim())),
+                         to_host<uint16_t>(keys_device, cache_keys.size())};
+      };
+      AttentionShape full = shape_of(c);
+      full.window = kWindow;
+      AttentionShape in_ring = full;
+      in_ring.ring = ring;
+      const auto [expected, full_keys] = store_and_attend(full, keys, values);
+      const auto [got, stored_keys] = store_and_attend(in_ring, ring_keys, ring_values);
+      EXPECT_EQ(got, expected);
+      for (int64_t p = position; p < position + n_tokens; ++p)
+        for (int64_t i = 0; i < kv_dim; ++i)
+          ASSERT_EQ(stored_keys[static_cast<size_t>(p % ring * kv_dim + i)],
+                    full_keys[static_cast<size_t>(p * kv_dim + i)])
+              << "position " << p << ", value " << i;
+    }
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -157,8 +158,8 @@ TEST(OpsTest, AttentionF32AndF16MatchNaive) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
   const std::vector<double> expected = naive_attention(q, keys, values, kPositions, kStride, kDim, scale);
   std::vector<float> out(kDim), scores(kPositions);
-  cpu::attend(out.data(), q.data(), keys.data(), values.data(), kPositions, kStride, kDim, static_cast<float>(scale),
-              0.0f, scores.data());
+  cpu::attend(out.data(), q.data(), keys.data(), values.data(), 0, kPositions, kPositions, kStride, kDim,
+              static_cast<float>(scale), 0.0f, scores.data());
   for (int64_t d = 0; d < kDim; ++d) EXPECT_NEAR(out[d], expected[d], 1e-5);
 
   // The f16 cache holds rounded keys and values: compare with the naive result on those.
@@ -167,9 +168,30 @@ TEST(OpsTest, AttentionF32AndF16MatchNaive) {
     values[i] = fp16_to_fp32(values16[i]);
   }
   const std::vector<double> expected16 = naive_attention(q, keys, values, kPositions, kStride, kDim, scale);
-  cpu::attend(out.data(), q.data(), keys16.data(), values16.data(), kPositions, kStride, kDim,
+  cpu::attend(out.data(), q.data(), keys16.data(), values16.data(), 0, kPositions, kPositions, kStride, kDim,
               static_cast<float>(scale), 0.0f, scores.data());
   for (int64_t d = 0; d < kDim; ++d) EXPECT_NEAR(out[d], expected16[d], 1e-5);
+}
+
+// The positions in a ring (a sliding-window layer's cache) that wraps past its last row: the same output, bit for
+// bit, as the same rows laid out from row 0.
+TEST(OpsTest, AttentionOverARingEqualsTheRowsInOrder) {
+  constexpr int64_t kDim = 16, kStride = 32, kPositions = 11, kRows = 14, kFirst = 9;
+  const std::vector<float> q = test::random_normal(kDim, 15);
+  const std::vector<float> keys = test::random_normal(kPositions * kStride, 16);
+  const std::vector<float> values = test::random_normal(kPositions * kStride, 17);
+  std::vector<float> ring_keys = test::random_normal(kRows * kStride, 18), ring_values = ring_keys;
+  for (int64_t j = 0; j < kPositions; ++j) {
+    const int64_t row = (kFirst + j) % kRows;
+    std::copy_n(&keys[j * kStride], kStride, &ring_keys[row * kStride]);
+    std::copy_n(&values[j * kStride], kStride, &ring_values[row * kStride]);
+  }
+  std::vector<float> expected(kDim), out(kDim), scores(kPositions);
+  cpu::attend(expected.data(), q.data(), keys.data(), values.data(), 0, kPositions, kPositions, kStride, kDim, 0.25f,
+              5.0f, scores.data());
+  cpu::attend(out.data(), q.data(), ring_keys.data(), ring_values.data(), kFirst, kPositions, kRows, kStride, kDim,
+              0.25f, 5.0f, scores.data());
+  EXPECT_EQ(out, expected);
 }
 
 }  // namespace

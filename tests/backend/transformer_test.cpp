@@ -163,7 +163,8 @@ TEST(TransformerTest, ErrorsNameWhatIsWrong) {
   const std::vector<int32_t> one = {1};
   EXPECT_THROW(transformer.forward(one, 3), Error);  // nothing cached yet
   EXPECT_THROW(transformer.forward({}, 0), Error);
-  EXPECT_THROW(cpu::KvCache(plan.config(), 8, TensorType::Q8_0), Error);
+  EXPECT_THROW(cpu::KvCache(plan.config(), 8, TensorType::Q8_0, 1), Error);
+  EXPECT_THROW(cpu::KvCache(plan.config(), 8, TensorType::F16, 0), Error);
   EXPECT_THROW(transformer.truncate(1), Error);
 }
 

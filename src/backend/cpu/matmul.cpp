@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cpu/vec_dot.h"
+#include "quant/quant.h"
 #include "util/error.h"
 
 namespace rf::cpu {
@@ -19,9 +20,12 @@ void QuantizedRows::set(const float* x, int64_t rows, int64_t cols) {
   for (Quantized& q : quantized_) q.current = false;
 }
 
-size_t QuantizedRows::row_bytes(TensorType weight_type) const { return activation_bytes(weight_type, cols_); }
+size_t QuantizedRows::row_bytes(TensorType weight_type) const {
+  return float_activations_ ? static_cast<size_t>(cols_) * sizeof(float) : activation_bytes(weight_type, cols_);
+}
 
 void QuantizedRows::prepare(TensorType weight_type, ThreadPool& pool) {
+  if (float_activations_) return;
   const TensorType type = activation_type(weight_type);
   auto it = std::find_if(quantized_.begin(), quantized_.end(), [&](const Quantized& q) { return q.type == type; });
   if (it == quantized_.end()) it = quantized_.insert(quantized_.end(), Quantized{type, false, {}});
@@ -37,6 +41,7 @@ void QuantizedRows::prepare(TensorType weight_type, ThreadPool& pool) {
 }
 
 const uint8_t* QuantizedRows::quantized(TensorType weight_type) const {
+  if (float_activations_) return reinterpret_cast<const uint8_t*>(x_);
   const TensorType type = activation_type(weight_type);
   for (const Quantized& q : quantized_)
     if (q.type == type && q.current) return q.bytes.data();
@@ -79,9 +84,26 @@ void multiply_vector(const Product& product, const uint8_t* activation, int64_t 
   }
 }
 
+// Rows [first, last) of one product with f32 activations and weights of a type whose dot product takes 8-bit
+// ones: each weight row dequantized, then multiplied as an F32 row with every input row.
+void multiply_dequantized_rows(const Product& product, const QuantizedRows& input, int64_t first, int64_t last) {
+  const Matrix& w = product.weight;
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(w.cols));
+  for (int64_t r = first; r < last; ++r) {
+    quant::dequantize(w.type, w.data + r * w.row_bytes, row.data(), w.cols);
+    vec_dot_rows(TensorType::F32, row.data(), input.quantized(TensorType::F32), input.row_bytes(TensorType::F32),
+                 input.rows(), w.cols, product.out + r, w.rows);
+  }
+}
+
 // Rows [first, last) of one product, for every input row.
 void multiply_rows(const Product& product, const QuantizedRows& input, int64_t first, int64_t last) {
   const Matrix& w = product.weight;
+  if (input.float_activations() && activation_type(w.type) != TensorType::F32) {
+    multiply_dequantized_rows(product, input, first, last);
+    return;
+  }
   const uint8_t* activations = input.quantized(w.type);
   const size_t stride = input.row_bytes(w.type);
   const int64_t tokens = input.rows();

@@ -31,6 +31,10 @@ Matrix matrix_of(const model::LazyTensor& weight);
 // across calls, so steady-state decoding allocates nothing.
 class QuantizedRows {
  public:
+  // `float_activations`: products take the f32 rows whatever the weight type, and quantized weights are
+  // dequantized row by row to meet them (TransformerOptions::float_activations).
+  explicit QuantizedRows(bool float_activations = false) : float_activations_(float_activations) {}
+  bool float_activations() const { return float_activations_; }
   // Points at `rows` rows of `cols` floats (kept by the caller until the next set) and drops the
   // quantized forms of the previous rows.
   void set(const float* x, int64_t rows, int64_t cols);
@@ -48,6 +52,7 @@ class QuantizedRows {
     bool current;
     std::vector<uint8_t> bytes;
   };
+  bool float_activations_;
   const float* x_ = nullptr;
   int64_t rows_ = 0;
   int64_t cols_ = 0;

@@ -184,18 +184,20 @@ void rope(float* heads, int64_t n_heads, int64_t head_dim, const float* cos_sin,
 }
 
 template <typename KvElement>
-void attend(float* out, const float* q, const KvElement* keys, const KvElement* values, int64_t n_positions,
-            int64_t stride, int64_t head_dim, float scale, float cap, float* scores) {
-  for (int64_t j = 0; j < n_positions; ++j) scores[j] = scale * dot(q, keys + j * stride, head_dim);
+void attend(float* out, const float* q, const KvElement* keys, const KvElement* values, int64_t first,
+            int64_t n_positions, int64_t rows, int64_t stride, int64_t head_dim, float scale, float cap,
+            float* scores) {
+  const auto row_start = [=](int64_t j) { return (first + j < rows ? first + j : first + j - rows) * stride; };
+  for (int64_t j = 0; j < n_positions; ++j) scores[j] = scale * dot(q, keys + row_start(j), head_dim);
   if (cap > 0.0f) soft_cap(scores, n_positions, cap);
   softmax(scores, n_positions);
   std::fill(out, out + head_dim, 0.0f);
-  for (int64_t j = 0; j < n_positions; ++j) add_scaled(out, scores[j], values + j * stride, head_dim);
+  for (int64_t j = 0; j < n_positions; ++j) add_scaled(out, scores[j], values + row_start(j), head_dim);
 }
 
-template void attend<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t, float, float,
-                            float*);
-template void attend<uint16_t>(float*, const float*, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, float,
-                               float, float*);
+template void attend<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t,
+                            int64_t, float, float, float*);
+template void attend<uint16_t>(float*, const float*, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t,
+                               int64_t, int64_t, float, float, float*);
 
 }  // namespace rf::cpu

@@ -20,8 +20,9 @@ Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOpti
       max_batch_(options.max_batch),
       layers_(options.layers > 0 ? options.layers : config_.n_layers),
       pool_(options.threads),
-      cache_(config_, options.context > 0 ? options.context : config_.context_length, options.kv_type) {
-  if (max_batch_ <= 0) fail("max_batch must be positive, got {}", max_batch_);
+      cache_(config_, options.context > 0 ? options.context : config_.context_length, options.kv_type,
+             options.max_batch),
+      input_(options.float_activations) {
   if (layers_ > config_.n_layers) fail("the model has {} layers, not {}", config_.n_layers, layers_);
   const float* freq_factors = plan.rope_freqs().f32_values();
   for (const bool sliding : {false, true})
@@ -52,6 +53,7 @@ void Transformer::run(std::span<const int32_t> tokens, int64_t position, const B
   model::check_tokens(config_, tokens);
 
   cache_.truncate(position);
+  model::check_kept(position, cache_.size());
   for (int64_t start = 0; start < n; start += max_batch_) batch(start, std::min(max_batch_, n - start));
 }
 
@@ -220,7 +222,7 @@ void Transformer::attention(int64_t layer, int64_t n, int64_t position) {
   const model::ModelConfig& c = config_;
   const int64_t window = c.sliding(layer) ? c.sliding_window : cache_.capacity();
   // One item per (token, query head); token t sees the cached positions up to its own, position + t (causal),
-  // and on a sliding-window layer only the last `window` of them.
+  // and on a sliding-window layer only the last `window` of them, which may wrap around the layer's ring.
   const auto attend_all = [&](auto kv_element) {
     using KvElement = decltype(kv_element);
     const KvElement* keys = cache_.keys<KvElement>(layer);
@@ -231,10 +233,11 @@ void Transformer::attention(int64_t layer, int64_t n, int64_t position) {
         const int64_t t = item / c.n_heads;
         const int64_t head = item % c.n_heads;
         const int64_t first = std::max<int64_t>(0, position + t + 1 - window);
-        const int64_t kv_offset = first * c.kv_dim() + head / c.heads_per_kv_head() * c.head_dim;
+        const int64_t kv_offset = head / c.heads_per_kv_head() * c.head_dim;
         const int64_t offset = t * c.q_dim() + head * c.head_dim;
         attend(&attn_out_[index(offset)], &q_[index(offset)], keys + kv_offset, values + kv_offset,
-               position + t + 1 - first, c.kv_dim(), c.head_dim, c.attention_scale, c.attention_cap, scores);
+               cache_.row(layer, first), position + t + 1 - first, cache_.rows(layer), c.kv_dim(), c.head_dim,
+               c.attention_scale, c.attention_cap, scores);
       }
     });
   };

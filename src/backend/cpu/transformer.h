@@ -22,6 +22,9 @@ struct TransformerOptions {
   TensorType kv_type = TensorType::F16;  // F16 or F32
   int64_t max_batch = 512;               // tokens per pass; a longer batch runs as several passes
   int64_t layers = 0;                    // layers run here, from the first (0: all); see forward_hidden()
+  // Products take f32 activations, quantized weights dequantized row by row, instead of 8-bit blocks: what
+  // llama.cpp computes on an F32 copy of the weights (../shared/arch/reference), several times slower.
+  bool float_activations = false;
 };
 
 using model::Logits;

@@ -759,6 +759,8 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
   float sum = 0.0f;
   const int64_t positions = step[0] + t + 1;
   const int64_t start = shape.window > 0 ? max(positions - shape.window, int64_t{0}) : 0;
+  // Where position p is in the cache: row p, or p % ring in a ring.
+  const auto row_of = [&](int64_t p) { return shape.ring > 0 ? p % shape.ring : p; };
   // 32 keys per step, one per lane: lane k scores key first + k on its own (the query is in shared memory,
   // the key row is read 16 bytes at a time), the team takes the step's maximum and sum, and then every lane
   // accumulates the weighted values of the 32 keys for its dimensions (l, l + 32, ...).
@@ -766,7 +768,7 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
     const int64_t p = first + lane;
     float score = -INFINITY;
     if (p < positions) {
-      const uint16_t* key = keys + p * kv_dim + kv_offset;
+      const uint16_t* key = keys + row_of(p) * kv_dim + kv_offset;
       float dot = 0.0f;
       int64_t d = 0;
       if (head_dim % 8 == 0) {  // rows of whole 16-byte pieces
@@ -791,7 +793,7 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
     const int64_t keys_here = min(static_cast<int64_t>(kTeam), positions - first);
     for (int k = 0; k < keys_here; ++k) {
       const float w = shuffle(weight, k, kTeam);
-      const uint16_t* value = values + (first + k) * kv_dim + kv_offset;
+      const uint16_t* value = values + row_of(first + k) * kv_dim + kv_offset;
 #pragma unroll
       for (int j = 0; j < kDimsPerLane; ++j) {
         const int64_t d = lane + j * kTeam;
@@ -1072,12 +1074,13 @@ void attention_decode(const AttentionShape& shape, const float* q, const float* 
   }
 }
 
-// Prompts score on tensor cores where the shape allows: several times faster on an H200 than the scalar kernel, the
-// more so the longer the prompt; the tiles come in two stages by asynchronous copies, which long prompts ran faster
-// than one stage copied through registers.
+// Prompts score on tensor cores where the shape allows (no cap, no window, and a row for each position, which the
+// tiles copy in runs): several times faster on an H200 than the scalar kernel, the more so the longer the prompt;
+// the tiles come in two stages by asynchronous copies, which long prompts ran faster than one stage copied through
+// registers.
 bool attention_prompt_rounds_to_f16(const AttentionShape& shape) {
   return kBuildHasTensorCores && (shape.head_dim == 64 || shape.head_dim == 128) && shape.cap == 0.0f &&
-         shape.window == 0;
+         shape.window == 0 && shape.ring == 0;
 }
 
 void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,

@@ -155,22 +155,26 @@ struct AttentionShape {
   float scale;         // of q . k
   float cap = 0.0f;    // scores become cap * tanh(score / cap); 0: not capped
   int64_t window = 0;  // a query sees the last `window` positions, itself included; 0: all before it
+  // Rows of the layer's cache where it is a ring (model::kv_cache_rows: a sliding-window layer's, position p in row
+  // p % ring); 0: a row for each position (row p).
+  int64_t ring = 0;
   constexpr int64_t q_dim() const { return n_heads * head_dim; }
   constexpr int64_t kv_dim() const { return n_kv_heads * head_dim; }
   constexpr int64_t heads_per_kv_head() const { return n_heads / n_kv_heads; }
 };
 
 // Rotates the queries and keys of n tokens in place (by the angles of positions step[0] .. step[0] + n_tokens - 1
-// in cos_sin, a rope_table) and writes keys and values to the f16 cache rows of those positions (row p of a layer at
-// p * kv_dim).
+// in cos_sin, a rope_table) and writes keys and values to the f16 cache rows of those positions (position p of a
+// layer at row p, or p % shape.ring, each row kv_dim values).
 void rope_and_store(const AttentionShape& shape, float* q, float* k, const float* v, const float* cos_sin,
                     int64_t n_tokens, const int32_t* step, uint16_t* key_cache, uint16_t* value_cache,
                     gpuStream_t stream);
 
 // Causal attention of n tokens at positions step[0].. over the cached keys and values 0 .. step[0] + t (the last
 // shape.window of them where it is set), scores soft-capped where shape.cap is set: out[t * q_dim + h * head_dim +
-// d]. Keys and values come from the f16 cache of one layer. Any shape runs; tensor cores take those without a cap
-// or a window. With n = 1 after rope_and_store, this is also the plain path of a decoding step.
+// d]. Keys and values come from the f16 cache of one layer (a ring where shape.ring is set, as rope_and_store
+// writes it). Any shape runs; tensor cores take those without a cap, a window or a ring. With n = 1 after
+// rope_and_store, this is also the plain path of a decoding step.
 void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
                       const uint16_t* value_cache, int64_t n_tokens, const int32_t* step, float* out,
                       gpuStream_t stream);
@@ -191,10 +195,13 @@ struct QkvExtras {
   float eps = 0.0f;
 };
 
-// Whether attention_decode runs `shape`: attention over the whole context without soft-capping (else a decoding step
-// takes the plain path: rope_and_store, attention_prompt); and whether it also takes q/k norms (QkvExtras): heads
-// of whole teams of 32 values, whose squares a team sums (else head_rmsnorm runs before it).
-constexpr bool attention_decode_runs(const AttentionShape& shape) { return shape.cap == 0.0f && shape.window == 0; }
+// Whether attention_decode runs `shape`: attention over the whole context (a row for each position) without
+// soft-capping (else a decoding step takes the plain path: rope_and_store, attention_prompt); and whether it also
+// takes q/k norms (QkvExtras): heads of whole teams of 32 values, whose squares a team sums (else head_rmsnorm runs
+// before it).
+constexpr bool attention_decode_runs(const AttentionShape& shape) {
+  return shape.cap == 0.0f && shape.window == 0 && shape.ring == 0;
+}
 constexpr bool attention_decode_takes_norms(const AttentionShape& shape) { return shape.head_dim % 32 == 0; }
 // One token (decoding) at position step[0], over positions 0 .. step[0], in one launch (split-K). q, k and v are the
 // token's projections before their `extras` and rotation: the launch adds the biases, normalizes the heads and

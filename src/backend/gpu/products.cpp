@@ -29,14 +29,15 @@ DeviceMatrix device_matrix(const model::LazyTensor& weight) {
   return {weight.type(), view, weight.rows(), weight.cols()};
 }
 
-ActivationRows::ActivationRows(int64_t capacity, int64_t cols)
+ActivationRows::ActivationRows(int64_t capacity, int64_t cols, bool float_activations)
     : capacity_(capacity),
       cols_(cols),
+      float_activations_(float_activations),
       f32_(static_cast<size_t>(capacity * cols) * sizeof(float), "activations"),
       f16_(static_cast<size_t>(capacity * cols) * sizeof(uint16_t), "f16 activations") {
   // Quantized weights have rows of whole blocks: only such rows meet them.
   const auto allocate = [&](Quantized& form, int64_t block) {
-    if (cols % block != 0) return;
+    if (cols % block != 0 || float_activations) return;
     form.q = DeviceBuffer(static_cast<size_t>(capacity * cols), "8-bit activations");
     form.scales = DeviceBuffer(static_cast<size_t>(capacity * cols / kActivationBlock) * sizeof(ActivationScale),
                                "activation scales");
@@ -53,7 +54,7 @@ ActivationOutput ActivationRows::output_for(TensorType consumer, int64_t n) {
   changed();
   ActivationOutput out;
   out.f32 = f32();
-  const ActivationBlocks blocks = activation_blocks(consumer);
+  const ActivationBlocks blocks = blocks_for(consumer);
   if (blocks == ActivationBlocks::None || !quantized(blocks).q.data()) return out;
   Quantized& form = quantized(blocks);
   form.current = true;
@@ -70,7 +71,7 @@ ActivationOutput ActivationRows::output_for(TensorType consumer, int64_t n) {
 
 ProductInput ActivationRows::input_for(const DeviceMatrix& weight, int64_t n, bool gemm, gpuStream_t stream) {
   if (n > capacity_) fail("{} activation rows do not fit the {} reserved", n, capacity_);
-  const ActivationBlocks blocks = activation_blocks(weight.type);
+  const ActivationBlocks blocks = blocks_for(weight.type);
   ProductInput input;
   input.f32 = f32();
   if (blocks != ActivationBlocks::None) {
@@ -192,7 +193,7 @@ void Products::multiply(std::span<const Target> targets, ActivationRows& x, int6
     if (x.cols() != target.weight.cols)
       fail("product: activation rows have {} values, the weight rows {}", x.cols(), target.weight.cols);
 #if ROCMFORGE_GPU_BLAS
-  if (runs_as_gemm(n)) {
+  if (runs_as_gemm(n, x.float_activations())) {
     for (const Target& target : targets)
       gemm(target.weight, x.input_for(target.weight, n, true, stream), n, target.y, accumulate, stream);
     return;

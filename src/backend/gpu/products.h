@@ -31,9 +31,12 @@ DeviceMatrix device_matrix(const model::LazyTensor& weight);
 // same rows. Whoever rewrites the rows calls changed().
 class ActivationRows {
  public:
-  ActivationRows(int64_t capacity, int64_t cols);
+  // `float_activations`: products take the f16 form of the f32 rows whatever the weight type, as GEMMs
+  // (TransformerOptions::float_activations); there is no 8-bit form.
+  ActivationRows(int64_t capacity, int64_t cols, bool float_activations = false);
   float* f32() const { return f32_.as<float>(); }
   int64_t cols() const { return cols_; }
+  bool float_activations() const { return float_activations_; }
   // The rows are about to be rewritten: every other form is stale.
   void changed();
   // Where a kernel writes n new rows that products with `consumer` weights read next: the f32 rows and, made
@@ -49,9 +52,14 @@ class ActivationRows {
     bool current = false;
   };
   Quantized& quantized(ActivationBlocks blocks) { return blocks == ActivationBlocks::Q8_K ? q8_k_ : q8_0_; }
+  // The 8-bit blocks products with `weight_type` weights read: None with float activations.
+  ActivationBlocks blocks_for(TensorType weight_type) const {
+    return float_activations_ ? ActivationBlocks::None : activation_blocks(weight_type);
+  }
 
   int64_t capacity_;
   int64_t cols_;
+  bool float_activations_;
   DeviceBuffer f32_;
   Quantized q8_0_;
   Quantized q8_k_;
@@ -67,8 +75,11 @@ class ActivationRows {
 #define ROCMFORGE_GPU_BLAS 0
 #endif
 
-// Whether a product of n activation rows runs as a GEMM on the tensor cores (else as matrix-vector passes).
-constexpr bool runs_as_gemm(int64_t n) { return ROCMFORGE_GPU_BLAS && n > kMaxMatvecBatch; }
+// Whether a product of n activation rows runs as a GEMM on the tensor cores (else as matrix-vector passes);
+// with float activations every product does.
+constexpr bool runs_as_gemm(int64_t n, bool float_activations = false) {
+  return ROCMFORGE_GPU_BLAS && (n > kMaxMatvecBatch || float_activations);
+}
 
 class Products {
  public:

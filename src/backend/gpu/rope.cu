@@ -45,7 +45,8 @@ __global__ void rope_store_kernel(AttentionShape shape, float* q, float* k, cons
   if (d >= shape.head_dim) return;
   row[d] = value;
   if (is_key) {
-    const int64_t cache = position * shape.kv_dim() + kv_head * shape.head_dim + d;
+    const int64_t row = shape.ring > 0 ? position % shape.ring : position;
+    const int64_t cache = row * shape.kv_dim() + kv_head * shape.head_dim + d;
     key_cache[cache] = float_to_half(value);
     value_cache[cache] = float_to_half(v[t * shape.kv_dim() + kv_head * shape.head_dim + d]);
   }

@@ -19,7 +19,8 @@ namespace {
 
 size_t bytes_of_floats(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 
-// The attention of layer l (its window where it slides); layer -1: the shape every layer shares but the window.
+// The attention of layer l (its window where it slides; its ring, which depends on the cache, State::attention_of
+// adds); layer -1: the shape every layer shares but the window.
 AttentionShape attention_shape(const model::ModelConfig& c, int64_t l = -1) {
   return {c.n_heads,         c.n_kv_heads,       c.head_dim,
           c.rope_dims / 2,   c.rope_style == model::RopeStyle::NeoX,
@@ -76,10 +77,19 @@ int64_t context_of(const model::ModelConfig& config, const TransformerOptions& o
   return options.context > 0 ? options.context : std::min(config.context_length, kDefaultContext);
 }
 
-// The key cache, or the value cache: every position of `layers` layers, f16.
-uint64_t cache_bytes(const model::ModelConfig& config, int64_t layers, int64_t context) {
-  return static_cast<uint64_t>(layers) * static_cast<uint64_t>(context) * static_cast<uint64_t>(config.kv_dim()) *
-         sizeof(uint16_t);
+// Where the rows of each layer from first_layer on start in the key cache (and in the value cache), then their
+// total: a row for each of `context` positions, or a sliding-window layer's ring (model::kv_cache_rows).
+std::vector<int64_t> cache_starts(const model::ModelConfig& config, int64_t first_layer, int64_t context,
+                                  int64_t max_batch) {
+  std::vector<int64_t> starts{0};
+  for (int64_t l = first_layer; l < config.n_layers; ++l)
+    starts.push_back(starts.back() + model::kv_cache_rows(config, l, context, max_batch));
+  return starts;
+}
+
+// The key cache, or the value cache, of `rows` rows: f16.
+uint64_t cache_bytes(const model::ModelConfig& config, int64_t rows) {
+  return static_cast<uint64_t>(rows) * static_cast<uint64_t>(config.kv_dim()) * sizeof(uint16_t);
 }
 
 DeviceResidency& device_residency(const model::ExecutionPlan& plan) {
@@ -222,11 +232,17 @@ struct Transformer::State {
   // Enqueues the pass over the n tokens staged on the stream: the logits of the wanted rows go to `logits`
   // (none when null): device memory, or logits_host for the last row.
   void enqueue(int64_t n, Logits which, float* logits);
-  uint16_t* key_cache(int64_t layer) const {
-    return keys.as<uint16_t>() + (layer - first_layer) * context * shape.kv_dim();
-  }
-  uint16_t* value_cache(int64_t layer) const {
-    return values.as<uint16_t>() + (layer - first_layer) * context * shape.kv_dim();
+  // Drops the cached positions from `positions` on, or every position (ForwardPass::truncate).
+  void truncate(int64_t positions);
+  int64_t first_row(int64_t layer) const { return row_starts[static_cast<size_t>(layer - first_layer)]; }
+  int64_t cache_rows(int64_t layer) const { return first_row(layer + 1) - first_row(layer); }
+  uint16_t* key_cache(int64_t layer) const { return keys.as<uint16_t>() + first_row(layer) * shape.kv_dim(); }
+  uint16_t* value_cache(int64_t layer) const { return values.as<uint16_t>() + first_row(layer) * shape.kv_dim(); }
+  // Layer l's attention: its window where it slides, and its ring where its cache is one.
+  AttentionShape attention_of(int64_t l) const {
+    AttentionShape layer = attention_shape(config, l);
+    if (cache_rows(l) < context) layer.ring = cache_rows(l);
+    return layer;
   }
 
   const model::ExecutionPlan& plan;
@@ -238,12 +254,15 @@ struct Transformer::State {
   const bool graphs;
   // Whether a decode step runs the products after each attention as one chain (product_chain).
   const bool chained;
+  // Where the rows of layer first_layer + i start in keys and values: row_starts[i] (cache_starts).
+  const std::vector<int64_t> row_starts;
   int64_t cached = 0;
+  int64_t written = 0;  // one past the newest position stored since the cache was last empty
 
   Stream stream;
   Products products;
-  DeviceBuffer keys;    // [layer - first_layer][position][kv_dim] f16
-  DeviceBuffer values;  // [layer - first_layer][position][kv_dim] f16
+  DeviceBuffer keys;    // [layer - first_layer][row][kv_dim] f16: row p holds position p, or p % rows in a ring
+  DeviceBuffer values;  // [layer - first_layer][row][kv_dim] f16, as keys
 
   // Activations of a batch, one row per token (the GPU twin of cpu::Transformer's).
   DeviceBuffer x;                // residual stream [n, n_embd]
@@ -279,17 +298,18 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
       context(context_of(config, options)),
       max_batch(options.max_batch),
       graphs(options.graphs),
-      chained(chains_suit(plan_, first_layer_, options.chains)),
+      chained(!options.float_activations && chains_suit(plan_, first_layer_, options.chains)),
+      row_starts(cache_starts(config, first_layer, context, max_batch)),
       products(largest_layer_matrix(plan_)),
-      keys(cache_bytes(config, config.n_layers - first_layer, context), "the key cache"),
-      values(cache_bytes(config, config.n_layers - first_layer, context), "the value cache"),
+      keys(cache_bytes(config, row_starts.back()), "the key cache"),
+      values(cache_bytes(config, row_starts.back()), "the value cache"),
       x(bytes_of_floats(max_batch * config.n_embd), "activations"),
-      normalized(max_batch, config.n_embd),
+      normalized(max_batch, config.n_embd, options.float_activations),
       q(bytes_of_floats(max_batch * config.q_dim()), "activations"),
       k(bytes_of_floats(max_batch * config.kv_dim()), "activations"),
       v(bytes_of_floats(max_batch * config.kv_dim()), "activations"),
-      attention_out(max_batch, config.q_dim()),
-      hidden(max_batch, config.n_ff),
+      attention_out(max_batch, config.q_dim(), options.float_activations),
+      hidden(max_batch, config.n_ff, options.float_activations),
       up(bytes_of_floats(max_batch * config.n_ff), "activations"),
       partials(bytes_of_floats(attention_partials_floats(shape, context)), "attention partials"),
       chain_arrivals(sizeof(unsigned), "the product chains' counter"),
@@ -322,11 +342,13 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
 template <typename Stage>
 std::span<const float> Transformer::State::run(int64_t n, int64_t position, Logits which, const Stage& stage) {
   model::check_positions(config, n, position, cached, context);
-  cached = position;
+  truncate(position);
+  model::check_kept(position, cached);
   if (which == Logits::All) all_logits.resize(static_cast<size_t>(n * config.vocab_size));
   for (int64_t start = 0; start < n; start += max_batch) {
     const int64_t count = std::min(max_batch, n - start);
     stage(start, count);
+    written = std::max(written, position + start + count);
     forward_batch(count, position + start, which, start, start + count == n);
     cached = position + start + count;
   }
@@ -428,7 +450,7 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
   };
   for (int64_t l = first_layer; l < c.n_layers; ++l) {
     const model::LayerPlan& layer = plan.layer(l);
-    const AttentionShape layer_shape = attention_shape(c, l);
+    const AttentionShape layer_shape = attention_of(l);
     const float* angles = rope[c.sliding(l) && c.sliding_layers_rotate_apart()].as<float>();
     // The layer's weights may still be streaming in: wait for this layer's only (at once when resident), and in
     // chains for the next layer's too.
@@ -510,21 +532,28 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
 
 Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options) {
   if (options.max_batch < 0) fail("max_batch must not be negative, got {}", options.max_batch);
+  if (options.float_activations && !ROCMFORGE_GPU_BLAS)
+    fail("float activations run as GEMMs, and this build has no BLAS for the GPU (hipBLAS was not found)");
   DeviceResidency& weights = device_residency(plan);
   const int64_t first_layer = weights.first_layer();
   check_supported(plan, attention_shape(plan.config()), first_layer);
   // Refuse a model that does not fit before anything is uploaded: weights and KV cache before the cache is
-  // allocated, then once more with the activations, measured as what allocating the state took beyond it.
+  // allocated (the smallest the passes may take: sliding-window layers' rings hold their window and one pass), then
+  // once more with the activations, measured as what allocating the state took beyond it.
   const uint64_t free_before = memory_info().free_bytes;
   const uint64_t available = options.device_memory > 0 ? std::min(free_before, options.device_memory) : free_before;
+  const int64_t kv_positions = context_of(plan.config(), options);
+  const auto kv_cache_bytes = [&](int64_t pass_tokens) {
+    return 2 * cache_bytes(plan.config(), cache_starts(plan.config(), first_layer, kv_positions, pass_tokens).back());
+  };
   DeviceMemoryNeed need{.weights = weights.unallocated_bytes(),
-                        .kv_cache = 2 * cache_bytes(plan.config(), plan.config().n_layers - first_layer,
-                                                    context_of(plan.config(), options)),
-                        .context = context_of(plan.config(), options)};
+                        .kv_cache = kv_cache_bytes(options.max_batch > 0 ? options.max_batch : kShortPassTokens),
+                        .context = kv_positions};
   require_fits(need, available);
   TransformerOptions pass = options;
   pass.max_batch = options.max_batch > 0 ? options.max_batch : kDefaultPassTokens;
   const auto allocate = [&] {
+    need.kv_cache = kv_cache_bytes(pass.max_batch);
     state_ = std::make_unique<State>(plan, first_layer, pass);
     const uint64_t taken = free_before - std::min(free_before, memory_info().free_bytes);
     need.activations = taken - std::min(taken, need.kv_cache);
@@ -552,10 +581,14 @@ int64_t Transformer::max_batch() const { return state_->max_batch; }
 bool Transformer::decodes_in_chains() const { return state_->chained; }
 const model::ModelConfig& Transformer::config() const { return state_->config; }
 
-void Transformer::truncate(int64_t positions) {
-  if (positions < 0 || positions > state_->cached)
-    fail("cannot truncate the KV cache to {} positions: it holds {}", positions, state_->cached);
-  state_->cached = positions;
+void Transformer::truncate(int64_t positions) { state_->truncate(positions); }
+
+// Counts the rings of every layer, those that run on the CPU too: at worst it drops positions it could keep.
+void Transformer::State::truncate(int64_t positions) {
+  if (positions < 0 || positions > cached)
+    fail("cannot truncate the KV cache to {} positions: it holds {}", positions, cached);
+  cached = model::positions_after_truncate(config, context, max_batch, written, positions);
+  if (cached == 0) written = 0;
 }
 
 std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int64_t position, Logits which) {

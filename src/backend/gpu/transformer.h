@@ -38,6 +38,9 @@ struct TransformerOptions {
   // Whether decode steps run the products after each attention as one persistent launch (product_chain), where the
   // device and the weights allow it: Auto where a layer's weights are large enough to gain (transformer.cpp).
   enum class Chains { Auto, Always, Never } chains = Chains::Auto;
+  // Products take the f16 form of f32 activations, as GEMMs with quantized weights dequantized to f16, instead
+  // of 8-bit blocks (cpu::TransformerOptions::float_activations); no chains. Needs cuBLAS or hipBLAS.
+  bool float_activations = false;
 };
 
 using model::Logits;
