@@ -475,11 +475,13 @@ AttentionShape shape_of(const model::ModelConfig& c) {
 }
 
 // A cache of `context` random rows, and one partials buffer for every decoding run on it, as a transformer
-// keeps one for all its layers and steps: each run must leave the buffer's counters as it found them.
+// keeps one for all its layers and steps: each run must leave the buffer's counters as it found them. With
+// `extras`, decoding also adds q/k/v biases and normalizes the q and k heads (QkvExtras) before it rotates them.
 class AttentionCheck {
  public:
-  AttentionCheck(const model::ModelConfig& c, int64_t context, gpuStream_t stream)
+  AttentionCheck(const model::ModelConfig& c, int64_t context, gpuStream_t stream, bool extras = false)
       : c_(c),
+        extras_(extras),
         shape_(shape_of(c)),
         context_(context),
         stream_(stream),
@@ -505,10 +507,28 @@ class AttentionCheck {
     const std::vector<float> q = test::random_normal(static_cast<size_t>(n_tokens * q_dim), 11 + seed);
     const std::vector<float> k = test::random_normal(static_cast<size_t>(n_tokens * kv_dim), 12 + seed);
     const std::vector<float> v = test::random_normal(static_cast<size_t>(n_tokens * kv_dim), 13 + seed);
+    const bool with_extras = extras_ && n_tokens == 1;
+    const std::vector<float> q_bias = test::random_normal(static_cast<size_t>(q_dim), 15 + seed);
+    const std::vector<float> k_bias = test::random_normal(static_cast<size_t>(kv_dim), 16 + seed);
+    const std::vector<float> v_bias = test::random_normal(static_cast<size_t>(kv_dim), 17 + seed);
+    std::vector<float> q_norm = test::random_normal(static_cast<size_t>(c_.head_dim), 18 + seed, 0.2f);
+    std::vector<float> k_norm = test::random_normal(static_cast<size_t>(c_.head_dim), 19 + seed, 0.2f);
+    for (float& w : q_norm) w += 1.0f;
+    for (float& w : k_norm) w += 1.0f;
+    constexpr float kEps = 1e-6f;
 
-    // CPU: rotate, store as f16, attend.
+    // CPU: biases and head norms where asked, rotate, store as f16, attend.
     const std::vector<double> inverse = c_.rope_inverse_frequencies(false, nullptr);
-    std::vector<float> q_cpu = q, k_cpu = k;
+    std::vector<float> q_cpu = q, k_cpu = k, v_cpu = v;
+    if (with_extras) {
+      cpu::add_rows(q_cpu.data(), q_bias.data(), 1, q_dim);
+      cpu::add_rows(k_cpu.data(), k_bias.data(), 1, kv_dim);
+      cpu::add_rows(v_cpu.data(), v_bias.data(), 1, kv_dim);
+      for (int64_t h = 0; h < c_.n_heads; ++h)
+        cpu::rmsnorm(&q_cpu[h * c_.head_dim], &q_cpu[h * c_.head_dim], q_norm.data(), c_.head_dim, kEps);
+      for (int64_t h = 0; h < c_.n_kv_heads; ++h)
+        cpu::rmsnorm(&k_cpu[h * c_.head_dim], &k_cpu[h * c_.head_dim], k_norm.data(), c_.head_dim, kEps);
+    }
     std::vector<uint16_t> keys_cpu = key_cache_, values_cpu = value_cache_;
     std::vector<float> cos_sin(static_cast<size_t>(c_.rope_dims));
     std::vector<float> expected(static_cast<size_t>(n_tokens * q_dim));
@@ -519,7 +539,7 @@ class AttentionCheck {
       cpu::rope(&k_cpu[t * kv_dim], c_.n_kv_heads, c_.head_dim, cos_sin.data(), c_.rope_dims / 2, c_.rope_style);
       for (int64_t i = 0; i < kv_dim; ++i) {
         keys_cpu[(position + t) * kv_dim + i] = fp32_to_fp16(k_cpu[t * kv_dim + i]);
-        values_cpu[(position + t) * kv_dim + i] = fp32_to_fp16(v[t * kv_dim + i]);
+        values_cpu[(position + t) * kv_dim + i] = fp32_to_fp16(v_cpu[t * kv_dim + i]);
       }
     }
     for (int64_t t = 0; t < n_tokens; ++t)
@@ -540,6 +560,13 @@ class AttentionCheck {
     DeviceBuffer q_device = to_device(q), k_device = to_device(k);
     const DeviceBuffer v_device = to_device(v);
     DeviceBuffer keys_device = to_device(key_cache_), values_device = to_device(value_cache_);
+    const DeviceBuffer q_bias_device = to_device(q_bias), k_bias_device = to_device(k_bias);
+    const DeviceBuffer v_bias_device = to_device(v_bias);
+    const DeviceBuffer q_norm_device = to_device(q_norm), k_norm_device = to_device(k_norm);
+    QkvExtras extras;
+    if (with_extras)
+      extras = {q_bias_device.as<float>(), k_bias_device.as<float>(), v_bias_device.as<float>(),
+                q_norm_device.as<float>(), k_norm_device.as<float>(), kEps};
     DeviceBuffer out(expected.size() * sizeof(float), "out");
     rope_table(inverse_device.as<double>(), c_.rope_dims / 2, position + n_tokens, rope_device.as<float>(), stream_);
 
@@ -596,7 +623,7 @@ class AttentionCheck {
         check(gpuMemsetAsync(buffer->data(), 0xff, buffer->bytes(), stream_), "attention test");
       keys_device = to_device(key_cache_);
       values_device = to_device(value_cache_);
-      attention_decode(shape_, q_device.as<float>(), k_device.as<float>(), v_device.as<float>(), {},
+      attention_decode(shape_, q_device.as<float>(), k_device.as<float>(), v_device.as<float>(), extras,
                        rope_device.as<float>(), keys_device.as<uint16_t>(), values_device.as<uint16_t>(), context_,
                        step_device.as<int32_t>(), partials_.as<float>(), output, stream_);
       check(gpuStreamSynchronize(stream_), "attention test");
@@ -623,6 +650,7 @@ class AttentionCheck {
 
  private:
   model::ModelConfig c_;
+  bool extras_;
   AttentionShape shape_;
   int64_t context_;
   gpuStream_t stream_;
@@ -639,8 +667,8 @@ constexpr int64_t kLongContext = 16384;
 // one partials buffer, as the replays of a captured step are. Between them, the last position that one thread
 // block of a part takes alone and the first past it (attention.cu, lone_block_chunks()): four chunks where a lane
 // holds 8 values of a row (255, 256), one where it holds 16 (63, 64).
-void check_decoding(const model::ModelConfig& c, gpuStream_t stream) {
-  const AttentionCheck check(c, kLongContext, stream);
+void check_decoding(const model::ModelConfig& c, gpuStream_t stream, bool extras = false) {
+  const AttentionCheck check(c, kLongContext, stream, extras);
   for (const int64_t position : {0, 5, 63, 64, 127, 128, 255, 256, 300, static_cast<int>(kLongContext - 1)}) {
     check.run(position, 1);
     if (::testing::Test::HasFatalFailure()) return;
@@ -669,6 +697,16 @@ TEST_F(GpuKernels, DecodeAttentionTakesLlama3Heads) {
 // 3 query heads per kv head: the team's lanes are split among 4 head slots, one of which idles.
 TEST_F(GpuKernels, DecodeAttentionTakesGroupsOfThree) {
   check_decoding(attention_config(model::RopeStyle::Normal, 12, 4, 64), stream());
+}
+// Qwen2.5-7B's 7 query heads of 128 values per kv head: no divisor of the group fills whole Q8_K blocks, so a thread
+// block takes two consecutive heads, which in two parts of 14 belong to two kv heads (whose newest rows the block
+// stores and reads); with biases and head norms, as Qwen's layers have them.
+TEST_F(GpuKernels, DecodeAttentionTakesGroupsOfSeven) {
+  check_decoding(attention_config(model::RopeStyle::NeoX, 28, 4, 128), stream(), true);
+}
+// Llama 3's shape with the extras, in parts of 2 heads.
+TEST_F(GpuKernels, DecodeAttentionAddsBiasesAndNormsHeads) {
+  check_decoding(attention_config(model::RopeStyle::NeoX, 8, 2, 128), stream(), true);
 }
 // 16 query heads of 256 values per kv head: one head a thread block.
 TEST_F(GpuKernels, DecodeAttentionTakesTheWidestGroups) {

@@ -515,12 +515,14 @@ struct HeadInput {
 };
 
 // Where a decode block keeps the sums of squares of its heads' values for their norms: one per team-sized piece of
-// the part's query heads and then of the key head (pieces of kTeam values: heads of a multiple of kTeam values).
+// the part's query heads and then of its key heads (pieces of kTeam values: heads of a multiple of kTeam values; a
+// part that runs into a second kv head has fewer query heads than a group).
 constexpr int kHeadSquares = (kMaxHeadsPerKvHead + 1) * kMaxHeadDim / kTeam;
 
 // Grid: (thread blocks per part, parts). A part is `heads_per_block` consecutive query heads of one kv head's
-// group (heads_per_block()). `arrivals`: one counter per combine group of parts_per_combine parts. kTensorCores: the
-// teams score on tensor cores (scores_on_tensor_cores()) where the device has them.
+// group, or running into the next one's (heads_per_block()). `arrivals`: one counter per combine group of
+// parts_per_combine parts. kTensorCores: the teams score on tensor cores (scores_on_tensor_cores()) where the device
+// has them.
 template <ActivationBlocks kBlocks, int kValues, bool kTensorCores, bool kExtras>
 __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     AttentionShape shape, const float* q, const float* k, const float* v, QkvExtras extras, const float* cos_sin,
@@ -535,15 +537,19 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   const int64_t part = blockIdx.y;
   const int heads = static_cast<int>(heads_per_block);
   const int64_t first_head = part * heads;
-  const int64_t kv_head = first_head / shape.heads_per_kv_head();
+  const int64_t group = shape.heads_per_kv_head();
+  // The part's heads lie in one kv head's group or run into the next one's (heads_per_block()): the block reads and
+  // stores the rows of both, which lie side by side in the cache.
+  const int64_t kv_head = first_head / group;
+  const int kv_heads = static_cast<int>((first_head + heads - 1) / group - kv_head + 1);
   const int head_dim = static_cast<int>(shape.head_dim);
   const int64_t kv_dim = shape.kv_dim();
   const int team = static_cast<int>(threadIdx.x / kTeam);
   const int lane = static_cast<int>(threadIdx.x % kTeam);
   // The position was written before the pass's first kernel started, and the cache rows of earlier positions
   // by earlier passes: neither depends on the kernels before this one, so the block asks for its chunks' keys
-  // and values in L2 while they finish (each row's bytes of this kv head; the newest row is this launch's to
-  // write).
+  // and values in L2 while they finish (each row's bytes of the part's kv heads; the newest row is this launch's
+  // to write).
   const int64_t positions = step[0] + 1;
   const int64_t newest = positions - 1;
   const float* angles = position_angles(cos_sin, newest, shape);
@@ -561,7 +567,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
           (first_chunk + i / (2 * kAttentionChunk) * chunk_step) * kAttentionChunk + i / 2 % kAttentionChunk;
       const uint16_t* cache = i % 2 == 0 ? keys : values;
       if (position < newest)
-        prefetch_to_l2(cache + position * kv_dim + kv_head * head_dim, static_cast<uint32_t>(head_dim * 2));
+        prefetch_to_l2(cache + position * kv_dim + kv_head * head_dim,
+                       static_cast<uint32_t>(kv_heads * head_dim * 2));
     }
   }
   // The angles of the thread's first query value (and of its key value: the same dimension) are asked for before the
@@ -575,8 +582,10 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   const DimensionRotation own_rotation = dimension_rotation(own_dim, shape, own_angle);
   const float* own_query = q + (first_head + static_cast<int>(threadIdx.x) / head_dim) * head_dim;
   const bool stores_newest = lone || block == (chunks - 1) % blocks;
-  const int64_t newest_offset = newest * kv_dim + kv_head * head_dim + own_dim;
+  const int64_t own_kv_head = kv_head + static_cast<int>(threadIdx.x) / head_dim;  // the thread's key value's
+  const int64_t newest_offset = newest * kv_dim + own_kv_head * head_dim + own_dim;
   const TeamLayout layout(head_dim, heads, lane);
+  const int64_t lane_kv_head = (first_head + min(layout.slot, heads - 1)) / group;  // of the lane's head
   wait_for_predecessor();
   const int64_t stride = head_dim + 2;  // floats of one partial result
 
@@ -587,16 +596,16 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   float* queries = dynamic_shared + Split::kMergeFloats;                // [heads][head_dim]
   if (first_chunk < chunks) {
     // The part's queries, rotated and scaled. The block of each part whose chunks include the newest position also
-    // puts its key (rotated) and value into the cache, where its scoring reads them; no other block reads that row,
-    // and the parts of one kv head write the same bits. A head has at most kDecodeThreads values (kMaxHeadDim):
-    // thread d takes value d of the key and the value (its own dimension), which it reads before it stores
-    // anything, so that those reads and the queries' go out together rather than one round trip after the other.
-    // Faster on an H200 than reading them after the queries' stores (F16 unchanged).
-    const bool stores_row = stores_newest && static_cast<int>(threadIdx.x) < head_dim;
+    // puts its kv heads' keys (rotated) and values into the cache, where its scoring reads them; no other block reads
+    // those rows, and the parts of one kv head write the same bits. The kv heads have at most kDecodeThreads values
+    // (kMaxHeadDim, or two heads of half as many): thread i takes value i of the keys and the values, which it reads
+    // before it stores anything, so that those reads and the queries' go out together rather than one round trip
+    // after the other. Faster on an H200 than reading them after the queries' stores (F16 unchanged).
+    const bool stores_row = stores_newest && static_cast<int>(threadIdx.x) < kv_heads * head_dim;
     float newest_key = 0.0f, newest_value = 0.0f;
     if constexpr (!kExtras) {
-      newest_key = stores_row ? rotated(k + kv_head * head_dim, own_rotation) : 0.0f;
-      newest_value = stores_row ? v[kv_head * head_dim + own_dim] : 0.0f;
+      newest_key = stores_row ? rotated(k + own_kv_head * head_dim, own_rotation) : 0.0f;
+      newest_value = stores_row ? v[own_kv_head * head_dim + own_dim] : 0.0f;
       if (static_cast<int>(threadIdx.x) < heads * head_dim)
         queries[threadIdx.x] = rotated(own_query, own_rotation) * scale;
       for (int i = static_cast<int>(threadIdx.x) + kDecodeThreads; i < heads * head_dim; i += kDecodeThreads) {
@@ -606,18 +615,19 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
                      scale;
       }
     } else {
-      // The heads with their biases and norms: the part's query heads are heads 0 .. heads - 1, the key head is
-      // head `heads`; a team sums the squares of each kTeam values, and a head adds its teams' sums.
+      // The heads with their biases and norms: the part's query heads are heads 0 .. heads - 1, its key heads heads
+      // heads .. heads + kv_heads - 1; a team sums the squares of each kTeam values, and a head adds its teams' sums.
       __shared__ float squares[kHeadSquares];
       const auto head_at = [&](int head) {
-        const bool key = head == heads;
-        return HeadInput{key ? k + kv_head * head_dim : q + (first_head + head) * head_dim,
-                         key ? (extras.k_bias ? extras.k_bias + kv_head * head_dim : nullptr)
+        const bool key = head >= heads;
+        const int64_t key_head = kv_head + head - heads;
+        return HeadInput{key ? k + key_head * head_dim : q + (first_head + head) * head_dim,
+                         key ? (extras.k_bias ? extras.k_bias + key_head * head_dim : nullptr)
                              : (extras.q_bias ? extras.q_bias + (first_head + head) * head_dim : nullptr),
                          key ? extras.k_norm : extras.q_norm, 1.0f};
       };
       if (extras.q_norm) {
-        for (int i = static_cast<int>(threadIdx.x); i < (heads + 1) * head_dim; i += kDecodeThreads) {
+        for (int i = static_cast<int>(threadIdx.x); i < (heads + kv_heads) * head_dim; i += kDecodeThreads) {
           const float x = head_at(i / head_dim).projected(i % head_dim);
           const float sum = team_sum(x * x);
           if (lane == 0) squares[i / kTeam] = sum;
@@ -635,8 +645,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
         return input;
       };
       if (stores_row) {
-        newest_key = rotated(normalized_head(heads), own_rotation);
-        const int64_t value_index = kv_head * head_dim + own_dim;
+        newest_key = rotated(normalized_head(heads + static_cast<int>(threadIdx.x) / head_dim), own_rotation);
+        const int64_t value_index = own_kv_head * head_dim + own_dim;
         newest_value = v[value_index] + (extras.v_bias ? extras.v_bias[value_index] : 0.0f);
       }
       for (int i = static_cast<int>(threadIdx.x); i < heads * head_dim; i += kDecodeThreads) {
@@ -653,9 +663,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     __syncthreads();
 
     if (team < Split::kScoringTeams) {
-      // The kv head's rows start here (the teams address them by 32-bit offsets).
-      const uint16_t* head_keys = keys + kv_head * head_dim;
-      const uint16_t* head_values = values + kv_head * head_dim;
+      // The rows of the lane's head's kv head start here (the teams address them by 32-bit offsets).
+      const uint16_t* head_keys = keys + lane_kv_head * head_dim;
+      const uint16_t* head_values = values + lane_kv_head * head_dim;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
       if constexpr (kTensorCores)
         score_on_tensor_cores<kTensorCoreHeadDim, 2>(queries, heads, layout.lanes_per_head, head_keys, head_values,
@@ -993,27 +1003,36 @@ __global__ void __launch_bounds__(kPromptWarps * kTeam) attention_prompt_tensor_
 
 // Query heads a decode thread block takes (a part): a divisor of the kv head's group, the fewest whose outputs fill
 // whole quantization blocks `quantized` values long (so that the part's blocks quantize them alone) and whose heads
-// still give every lane of a team a piece of each row; the whole group where none does. Fewer heads a block mean
-// fewer values a lane (values_per_lane), so shorter chains of dependent steps in every lane and more positions a
-// round of loads (DecodeSplit), on more multiprocessors; each part reads its kv head's keys and values itself.
-// Parts of 2 of the 8B's 4 heads (8 values a lane, one round a chunk) decode faster on an H200 than whole groups (16
-// values a lane, two rounds a chunk); the 1B's heads of 64 values gained nothing and keep whole groups.
+// still give every lane of a team a piece of each row; else, where two kv heads' rows fit the threads' stores, as
+// many consecutive heads that run into the next kv head's group (Qwen2.5-7B's groups of 7 heads of 128 values, in
+// parts of 2); the whole group where none does. Fewer heads a block mean fewer values a lane (values_per_lane), so
+// shorter chains of dependent steps in every lane and more positions a round of loads (DecodeSplit), on more
+// multiprocessors; each part reads its kv heads' keys and values itself. Parts of 2 of the 8B's 4 heads (8 values a
+// lane, one round a chunk) decode faster on an H200 than whole groups (16 values a lane, two rounds a chunk); the
+// 1B's heads of 64 values gained nothing and keep whole groups; Qwen2.5-7B decodes a third faster in parts of 2
+// than in whole groups (32 values a lane, a seventh of the thread blocks).
 int64_t heads_per_block(const AttentionShape& shape, int64_t quantized) {
   const int64_t group = shape.heads_per_kv_head();
+  const auto fits = [&](int64_t heads) {
+    return heads * shape.head_dim % quantized == 0 &&
+           lanes_per_head(heads) * piece_values(shape.head_dim) <= shape.head_dim;
+  };
   for (int64_t heads = 1; heads < group; ++heads)
-    if (group % heads == 0 && heads * shape.head_dim % quantized == 0 &&
-        lanes_per_head(heads) * piece_values(shape.head_dim) <= shape.head_dim)
-      return heads;
+    if (group % heads == 0 && fits(heads)) return heads;
+  if (2 * shape.head_dim <= kDecodeThreads)
+    for (int64_t heads = 2; heads < group; ++heads)
+      if (shape.n_heads % heads == 0 && fits(heads)) return heads;
   return group;
 }
 
 // Whether the decode kernel's teams score on tensor cores (score_on_tensor_cores) where a thread block takes `heads`
 // query heads: on CUDA, for heads of kTensorCoreHeadDim values, 8 values a lane (at most 8 heads: the rows g of the
-// fragments). The 1B's heads of 64 decode faster that way on an H200; heads of 128 (the 8B's) were slower on tensor
-// cores, with their queries in shared memory or in registers (which spilled), and keep the scalar scoring.
+// fragments; of one kv head, whose rows the fragments hold). The 1B's heads of 64 decode faster that way on an H200;
+// heads of 128 (the 8B's) were slower on tensor cores, with their queries in shared memory or in registers (which
+// spilled), and keep the scalar scoring.
 bool scores_on_tensor_cores(const AttentionShape& shape, int64_t heads) {
   return kBuildHasTensorCores && shape.head_dim == kTensorCoreHeadDim && heads <= 8 &&
-         values_per_lane(shape, heads) == 8;
+         shape.heads_per_kv_head() % heads == 0 && values_per_lane(shape, heads) == 8;
 }
 
 }  // namespace
