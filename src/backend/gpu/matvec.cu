@@ -382,8 +382,8 @@ constexpr int64_t kTwoTeamCols = tuning::kMatvecTwoTeamsAboveCols;
 constexpr int kChunksPerLane = tuning::kMatvecMaxChunksPerLane;
 
 // Lanes per row, at least 4 and the pieces of a block, at most a team (two for the widest rows): for slices,
-// four to eight slices per lane, or two to four where a group of lanes takes kRows > 1 rows; for chunks, enough
-// lanes that each takes at most kChunksPerLane chunks where a team suffices.
+// four to eight slices per lane, or 1.75 to 3.5 where a group of lanes takes kRows > 1 rows (tuning.h); for chunks,
+// enough lanes that each takes at most kChunksPerLane chunks where a team suffices.
 template <TensorType T, bool kChunks, int kRows>
 int lanes_per_row(int64_t cols) {
   const int64_t blocks = cols / Decoder<T>::kBlockElements;
@@ -395,9 +395,10 @@ int lanes_per_row(int64_t cols) {
     // Groups that take two rows are half as many; twice the lanes a row gives the launch its thread blocks back
     // (the K-quants' rows of 4096 then take 32 lanes, not 16). With one row a group (batches of 2 to 8), more
     // lanes were slower.
-    constexpr int kMinSlices = kRows > 1 ? tuning::kMatvecMinSlicesPerLaneSeveralRows : tuning::kMatvecMinSlicesPerLane;
+    constexpr int kMinQuarterSlices =
+        kRows > 1 ? tuning::kMatvecMinQuarterSlicesPerLaneSeveralRows : tuning::kMatvecMinQuarterSlicesPerLane;
     lanes = std::max(lanes, Decoder<T>::kSlices);
-    while (lanes < kTeam && 2 * lanes * kMinSlices <= blocks * Decoder<T>::kSlices) lanes *= 2;
+    while (lanes < kTeam && 2 * lanes * kMinQuarterSlices <= 4 * blocks * Decoder<T>::kSlices) lanes *= 2;
   }
   // Rows wider than kTwoTeamCols take two teams, which doubles the thread blocks of a product with few such
   // rows (the 8B's down projection, 4096 rows of 14336, is one and a third waves of thread blocks with a team a
