@@ -14,6 +14,21 @@ bool lower_logit(const Candidate& a, const Candidate& b) { return a.logit < b.lo
 
 }  // namespace
 
+void check_logit_bias(const std::map<int32_t, float>& logit_bias, size_t n_vocab) {
+  for (const auto& [token, bias] : logit_bias) {
+    if (token < 0 || static_cast<size_t>(token) >= n_vocab)
+      fail("logit bias: token {} is outside the vocabulary of {} tokens", token, n_vocab);
+    // Written so that NaN fails too.
+    if (!(bias >= -kMaxLogitBias && bias <= kMaxLogitBias))
+      fail("logit bias of token {} must be within [-{}, {}], got {}", token, kMaxLogitBias, kMaxLogitBias, bias);
+  }
+}
+
+void apply_logit_bias(std::vector<Candidate>& candidates, const std::map<int32_t, float>& logit_bias) {
+  check_logit_bias(logit_bias, candidates.size());
+  for (const auto& [token, bias] : logit_bias) candidates[static_cast<size_t>(token)].logit += bias;
+}
+
 void apply_penalties(std::vector<Candidate>& candidates, std::span<const int32_t> recent, const SamplingParams& params) {
   if (params.repeat_penalty == 1.0f && params.frequency_penalty == 0.0f && params.presence_penalty == 0.0f) return;
   std::unordered_map<int32_t, int> counts;
@@ -95,6 +110,7 @@ std::span<const Candidate> Sampler::distribution(std::span<const float> logits) 
   candidates_.resize(logits.size());
   for (size_t id = 0; id < logits.size(); ++id) candidates_[id] = {static_cast<int32_t>(id), logits[id], 0.0f};
 
+  apply_logit_bias(candidates_, params_.logit_bias);
   apply_penalties(candidates_, recent_, params_);
   if (params_.temperature <= 0.0f) {
     const Candidate best = *std::max_element(candidates_.begin(), candidates_.end(), lower_logit);

@@ -1,9 +1,10 @@
-// Choosing the next token from a row of logits, as llama.cpp's default sampler chain does: repetition,
-// frequency and presence penalties over the last tokens, then top-k, top-p, min-p, temperature, and finally
-// the most likely token (temperature <= 0) or a seeded random draw from the remaining distribution.
+// Choosing the next token from a row of logits, as llama.cpp's default sampler chain does: logit bias, then
+// repetition, frequency and presence penalties over the last tokens, then top-k, top-p, min-p, temperature, and
+// finally the most likely token (temperature <= 0) or a seeded random draw from the remaining distribution.
 // Each stage is a function over a list of candidates so that tests can check it alone.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <random>
 #include <span>
 #include <vector>
@@ -20,13 +21,27 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   int32_t penalty_last_n = 64;  // tokens the penalties look back over; 0: off, -1: the whole history
   uint64_t seed = 0;
+  // Token id -> bias added to its logit before any other stage (OpenAI's logit_bias): -100 all but bans the
+  // token, +100 all but forces it.
+  std::map<int32_t, float> logit_bias;
 };
+
+// The largest magnitude of a logit bias (OpenAI's range).
+inline constexpr float kMaxLogitBias = 100.0f;
 
 struct Candidate {
   int32_t id;
   float logit;
   float p;  // valid after softmax()
 };
+
+// An rf::Error naming the first bad entry of a logit bias: a token outside a vocabulary of n_vocab tokens, or a
+// bias that is NaN or outside [-kMaxLogitBias, kMaxLogitBias]. For requests to check before they run.
+void check_logit_bias(const std::map<int32_t, float>& logit_bias, size_t n_vocab);
+
+// Checks the bias against the candidates' vocabulary (check_logit_bias), then adds each token's bias to its logit.
+// Candidates must be in vocabulary order.
+void apply_logit_bias(std::vector<Candidate>& candidates, const std::map<int32_t, float>& logit_bias);
 
 // Penalizes each token that occurs in `recent` (the tokens the penalties look back over), as llama.cpp's
 // penalties sampler: a positive logit is divided by repeat_penalty and a negative one multiplied (so the

@@ -1,6 +1,7 @@
 // The sampler chain against distributions worked out by hand: logits are chosen as logs of known
 // probabilities, so every stage's expected result follows from the definitions of softmax, top-k, top-p,
-// min-p and temperature rather than from this code.
+// min-p and temperature rather than from this code. Logit bias: banned and forced tokens, its place before the
+// penalties, and the entries it refuses.
 #include "sampling/sampler.h"
 
 #include <cmath>
@@ -10,8 +11,12 @@
 
 #include <gtest/gtest.h>
 
+#include "error_of.h"
+
 namespace rf::sampling {
 namespace {
+
+using test::error_of;
 
 constexpr float kTolerance = 1e-6f;
 
@@ -205,6 +210,82 @@ std::vector<int32_t> draws(uint64_t seed) {
 TEST(Sampler, SameSeedSameTokens) {
   EXPECT_EQ(draws(42), draws(42));
   EXPECT_NE(draws(42), draws(43));
+}
+
+std::vector<float> normal_logits(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> logits(n);
+  for (float& logit : logits) logit = normal(rng);
+  return logits;
+}
+
+TEST(LogitBias, BannedTokenIsNeverSampled) {
+  // Token 0 is the most likely by far until -100 is added to its logit.
+  const std::vector<float> logits = logs_of({0.9f, 0.06f, 0.04f});
+  for (const float temperature : {0.0f, 1.0f, 2.0f}) {
+    SamplingParams params = plain(temperature);
+    params.logit_bias = {{0, -100.0f}};
+    params.seed = 5;
+    Sampler sampler(params);
+    for (int i = 0; i < 5000; ++i) ASSERT_NE(sampler.sample(logits), 0) << "temperature " << temperature;
+  }
+}
+
+TEST(LogitBias, PlusOneHundredForcesATokenUnderGreedyAndSeededSampling) {
+  // The least likely of 1000 tokens, forced; the defaults plus penalties on it, which follow the bias.
+  const std::vector<float> logits = normal_logits(1000, 3);
+  const auto worst = static_cast<int32_t>(std::min_element(logits.begin(), logits.end()) - logits.begin());
+  for (const float temperature : {0.0f, 0.8f, 1.5f}) {
+    SamplingParams params;
+    params.temperature = temperature;
+    params.repeat_penalty = 1.3f;
+    params.presence_penalty = 0.5f;
+    params.seed = 1234;
+    params.logit_bias = {{worst, 100.0f}};
+    Sampler sampler(params);
+    for (int i = 0; i < 500; ++i) {
+      ASSERT_EQ(sampler.sample(logits), worst) << "temperature " << temperature;
+      sampler.accept(worst);
+    }
+  }
+}
+
+TEST(LogitBias, AddedBeforeThePenalties) {
+  // Token 0: logit 2, bias -4, seen once, repeat penalty 2. Bias first: (2 - 4) * 2 = -4; penalty first would
+  // give 2 / 2 - 4 = -3.
+  SamplingParams params = plain();
+  params.logit_bias = {{0, -4.0f}, {1, 0.5f}};
+  params.repeat_penalty = 2.0f;
+  Sampler sampler(params);
+  sampler.accept(0);
+  const std::vector<float> logits = {2.0f, 0.0f};
+  const std::span<const Candidate> candidates = sampler.distribution(logits);
+  ASSERT_EQ(candidates.size(), 2u);
+  EXPECT_EQ(candidates[0].id, 1);
+  EXPECT_NEAR(candidates[0].logit, 0.5f, kTolerance);
+  EXPECT_NEAR(candidates[1].logit, -4.0f, kTolerance);
+}
+
+TEST(LogitBias, BadEntriesAreErrorsNamingThem) {
+  EXPECT_EQ(error_of([] { check_logit_bias({{3, 1.0f}, {10, 1.0f}}, 10); }),
+            "logit bias: token 10 is outside the vocabulary of 10 tokens");
+  EXPECT_EQ(error_of([] { check_logit_bias({{-1, 1.0f}}, 10); }),
+            "logit bias: token -1 is outside the vocabulary of 10 tokens");
+  EXPECT_EQ(error_of([] { check_logit_bias({{2, 100.5f}}, 10); }),
+            "logit bias of token 2 must be within [-100, 100], got 100.5");
+  EXPECT_EQ(error_of([] { check_logit_bias({{7, -101.0f}}, 10); }),
+            "logit bias of token 7 must be within [-100, 100], got -101");
+  EXPECT_EQ(error_of([] { check_logit_bias({{4, std::nanf("")}}, 10); }),
+            "logit bias of token 4 must be within [-100, 100], got nan");
+  EXPECT_EQ(error_of([] { check_logit_bias({{0, -100.0f}, {9, 100.0f}}, 10); }), "");
+
+  // The sampler checks against the row it is given.
+  SamplingParams params = plain(0.0f);
+  params.logit_bias = {{3, 1.0f}};
+  Sampler sampler(params);
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f};
+  EXPECT_EQ(error_of([&] { sampler.sample(logits); }), "logit bias: token 3 is outside the vocabulary of 3 tokens");
 }
 
 }  // namespace
