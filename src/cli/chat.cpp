@@ -62,19 +62,14 @@ void chat(const ChatOptions& options) {
       return;
     }
 
-    std::string reply;
-    Detokenizer detokenizer(tokenizer);
-    const engine::Generation generation = engine.generate(prompt, options.generation, [&](int32_t token) {
-      const std::string text = detokenizer.push(token);
-      reply += text;
-      fmt::print("{}", text);
+    const engine::Generation generation = engine.generate(prompt, options.generation, [](const engine::Step& step) {
+      fmt::print("{}", step.text);
       std::fflush(stdout);
       return true;
     });
-    reply += detokenizer.flush();
     fmt::print("\n");
-    messages.push_back({"assistant", reply});
-    if (generation.stop == engine::StopReason::ContextFull) {
+    messages.push_back({"assistant", generation.text});
+    if (generation.finish == engine::FinishReason::ContextFull) {
       say_context_full(engine.context());
       return;
     }

@@ -36,14 +36,13 @@ void run(const RunOptions& options) {
 
   fmt::print(stderr, "backend: {}\n", backend_text(engine));
   print_text(options.prompt);
-  Detokenizer detokenizer(tokenizer);
-  const engine::Generation generation = engine.generate(prompt, options.generation, [&](int32_t token) {
-    print_text(detokenizer.push(token));
+  const engine::Generation generation = engine.generate(prompt, options.generation, [](const engine::Step& step) {
+    print_text(step.text);
     return true;
   });
-  print_text(detokenizer.flush() + "\n");
+  print_text("\n");
 
-  if (generation.stop == engine::StopReason::ContextFull)
+  if (generation.finish == engine::FinishReason::ContextFull)
     fmt::print(stderr, "context full: stopped after {} tokens at the context of {}\n", generation.tokens.size(),
                engine.context());
   fmt::print(stderr, "load: {:.1f} ms\n", engine.ready_ms());

@@ -226,42 +226,34 @@ void Engine::reset() {
 }
 
 Generation Engine::generate(std::span<const int32_t> prompt, const GenerationParams& params,
-                            const TokenCallback& on_token) {
+                            const StepCallback& on_step) {
+  Sequence sequence(prompt, params, *tokenizer_);
   Generation result;
+  const auto record = [&result](const Step& step) {
+    result.text += step.text;
+    if (step.logprobs) result.logprobs.push_back(*step.logprobs);
+  };
   const Clock::time_point prompt_start = Clock::now();
   std::span<const float> logits = evaluate(prompt);
   result.prompt_seconds = seconds_since(prompt_start);
   result.prompt_tokens = last_evaluated_;
   result.reused_tokens = static_cast<int64_t>(prompt.size()) - last_evaluated_;
-  if (params.max_tokens == 0) return result;
 
-  sampling::Sampler sampler(params.sampling);
-  for (const int32_t token : prompt) sampler.accept(token);
-  while (true) {
-    const int32_t token = sampler.sample(logits);
-    sampler.accept(token);
-    if (!params.ignore_eos && tokenizer_->is_end_of_generation(token)) {
-      result.stop = StopReason::EndOfGeneration;
-      break;
-    }
-    result.tokens.push_back(token);
-    if (!on_token(token)) {
-      result.stop = StopReason::Callback;
-      break;
-    }
-    if (params.max_tokens >= 0 && static_cast<int64_t>(result.tokens.size()) >= params.max_tokens) {
-      result.stop = StopReason::TokenLimit;
-      break;
-    }
-    if (static_cast<int64_t>(cached_.size()) >= context()) {
-      result.stop = StopReason::ContextFull;
-      break;
-    }
+  while (!sequence.finished()) {
+    // The token chosen now would be evaluated at position cached_.size().
+    const bool context_full = static_cast<int64_t>(cached_.size()) >= context();
+    const Step step = sequence.step(logits, context_full);
+    record(step);
+    if (!on_step(step)) record(sequence.cancel());
+    if (sequence.finished()) break;
     const Clock::time_point decode_start = Clock::now();
-    logits = append(token);
+    logits = append(step.token);
     result.decode_seconds += seconds_since(decode_start);
     ++result.decoded_tokens;
   }
+  result.tokens = sequence.tokens();
+  result.finish = *sequence.finish_reason();
+  result.stop_string = sequence.stop_string();
   return result;
 }
 

@@ -8,14 +8,16 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "engine/sequence.h"
 #include "gguf/gguf.h"
 #include "model/execution_plan.h"
 #include "model/forward_pass.h"
-#include "sampling/sampler.h"
+#include "sampling/logprobs.h"
 #include "tokenizer/tokenizer.h"
 
 namespace rf::engine {
@@ -39,22 +41,13 @@ struct EngineOptions {
   bool float_activations = false;
 };
 
-struct GenerationParams {
-  int64_t max_tokens = 128;  // tokens to generate at most; < 0: until the context is full
-  bool ignore_eos = false;   // keep going past the model's end-of-generation tokens
-  sampling::SamplingParams sampling;
-};
-
-enum class StopReason {
-  EndOfGeneration,  // the model produced an end-of-generation token (not part of the output)
-  TokenLimit,       // max_tokens were generated
-  ContextFull,      // the KV cache holds context() positions: nothing more can be evaluated
-  Callback,         // on_token asked to stop
-};
-
+// What Engine::generate did: the sequence's output, why it finished, and the timings.
 struct Generation {
   std::vector<int32_t> tokens;  // generated, without the end-of-generation token
-  StopReason stop = StopReason::TokenLimit;
+  std::string text;             // every step's text (Step::text): without any stop string
+  std::vector<sampling::Logprobs> logprobs;  // one per token, where GenerationParams::top_logprobs asked for them
+  FinishReason finish = FinishReason::Length;
+  std::optional<size_t> stop_string;  // the index in GenerationParams::stop_strings of the one that ended the text
   int64_t prompt_tokens = 0;    // prompt tokens evaluated now
   int64_t reused_tokens = 0;    // prompt tokens whose keys and values the cache already held
   double prompt_seconds = 0.0;
@@ -64,8 +57,9 @@ struct Generation {
   double decode_tokens_per_second() const { return decode_seconds > 0 ? decoded_tokens / decode_seconds : 0.0; }
 };
 
-// Called with each generated token as it is chosen; returning false stops generation.
-using TokenCallback = std::function<bool(int32_t token)>;
+// Called with each step as it is taken, the finishing one too (streaming its text); returning false cancels the
+// generation (FinishReason::Cancelled) and the callback is not called again.
+using StepCallback = std::function<bool(const Step& step)>;
 
 // The model's context length, capped so that an F16 KV cache takes at most a quarter of physical memory.
 int64_t default_context(const model::ModelConfig& config);
@@ -125,11 +119,11 @@ class Engine {
   const std::vector<int32_t>& cached_tokens() const { return cached_; }
   int64_t last_evaluated() const { return last_evaluated_; }
 
-  // Evaluates the prompt (reusing the cached prefix) and generates until an end-of-generation token (unless
-  // params.ignore_eos), params.max_tokens, a full context, or on_token returning false. The penalties see the
-  // prompt as history. A prompt longer than the context is an rf::Error "prompt of N tokens does not fit the
-  // context of M".
-  Generation generate(std::span<const int32_t> prompt, const GenerationParams& params, const TokenCallback& on_token);
+  // Evaluates the prompt (reusing the cached prefix) and runs one Sequence over it until it finishes: an
+  // end-of-generation token (unless params.ignore_eos), a stop string, params.max_tokens, a full context, or
+  // on_step returning false. Parameters the Sequence refuses are an rf::Error before anything is evaluated; a
+  // prompt longer than the context is an rf::Error "prompt of N tokens does not fit the context of M".
+  Generation generate(std::span<const int32_t> prompt, const GenerationParams& params, const StepCallback& on_step);
 
  private:
   // Builds the plan on the device's residency, the tokenizer and the forward pass; `start`: when construction

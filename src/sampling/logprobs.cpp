@@ -16,10 +16,14 @@ bool more_likely(const TokenLogprob& a, const TokenLogprob& b) {
 
 }  // namespace
 
+void check_top_logprobs(int32_t top) {
+  if (top < 0 || top > kMaxTopLogprobs) fail("top log-probabilities must be 0 to {}, got {}", kMaxTopLogprobs, top);
+}
+
 Logprobs token_logprobs(std::span<const float> logits, int32_t chosen, int32_t top) {
   if (chosen < 0 || static_cast<size_t>(chosen) >= logits.size())
     fail("token {} is outside the vocabulary of {} tokens", chosen, logits.size());
-  if (top < 0 || top > kMaxTopLogprobs) fail("top log-probabilities must be 0 to {}, got {}", kMaxTopLogprobs, top);
+  check_top_logprobs(top);
 
   // log p_i = (x_i - m) - log sum_j exp(x_j - m) with m the largest logit: no exponential overflows, the largest
   // term of the sum is exactly 1, and subtracting m first keeps the precision of large logits.

@@ -22,6 +22,8 @@ struct Logprobs {
   std::vector<TokenLogprob> top;  // most likely first; of equal ones the lower id first
 };
 
+// An rf::Error unless 0 <= top <= kMaxTopLogprobs: for requests to check before they run.
+void check_top_logprobs(int32_t top);
 // The log-probability of `chosen` and of the `top` most likely tokens (0..kMaxTopLogprobs; fewer when the row
 // is shorter) under the softmax of `logits` (one per vocabulary entry). A chosen id outside the row, `top` out
 // of range, a NaN or +infinity logit, or a row of only -infinity is an rf::Error naming what was wrong.

@@ -1,8 +1,9 @@
 // The engine on a real trained model, on each backend (the GPU's tests skip where there is none), and with the
 // first layers on the CPU and the last on the GPU: greedy generation reproduces llama.cpp's continuation, chat
-// turns reuse the KV cache (evaluating only the new tokens, with the logits of a fresh evaluation), and the
-// limits of the context are reported rather than crashed into. Device::Auto picks the GPU when there is one,
-// and the GPU generates the CPU's greedy text.
+// turns reuse the KV cache (evaluating only the new tokens, with the logits of a fresh evaluation), a stop string
+// spanning two generated tokens ends the text before it, log-probabilities are a log-softmax of the logits
+// `evaluate` gives, logit bias steers the choice, and the limits of the context are reported rather than crashed
+// into. Device::Auto picks the GPU when there is one, and the GPU generates the CPU's greedy text.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -15,8 +16,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "error_of.h"
 #include "reference.h"
 #include "test_paths.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 namespace rf::engine {
@@ -51,7 +54,7 @@ GenerationParams greedy(int64_t max_tokens) {
   return params;
 }
 
-bool keep_going(int32_t) { return true; }
+bool keep_going(const Step&) { return true; }
 
 std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -106,14 +109,23 @@ TEST_P(EngineTest, GreedyGenerationMatchesLlamaCpp) {
   EXPECT_EQ(engine.tokenizer().encode(ref.prompt, true, false), ref.prompt_tokens);
 
   std::vector<int32_t> streamed;
-  const Generation generation =
-      engine.generate(ref.prompt_tokens, greedy(static_cast<int64_t>(ref.greedy_tokens.size())), [&](int32_t token) {
-        streamed.push_back(token);
+  std::string streamed_text;
+  const Generation generation = engine.generate(
+      ref.prompt_tokens, greedy(static_cast<int64_t>(ref.greedy_tokens.size())), [&](const Step& step) {
+        streamed.push_back(step.token);
+        streamed_text += step.text;
         return true;
       });
   EXPECT_EQ(generation.tokens, ref.greedy_tokens);
   EXPECT_EQ(streamed, ref.greedy_tokens);
-  EXPECT_EQ(generation.stop, StopReason::TokenLimit);
+  Detokenizer detokenizer(engine.tokenizer());
+  std::string text;
+  for (const int32_t token : ref.greedy_tokens) text += detokenizer.push(token);
+  text += detokenizer.flush();
+  EXPECT_EQ(generation.text, text);
+  EXPECT_EQ(streamed_text, text);
+  EXPECT_TRUE(generation.logprobs.empty());
+  EXPECT_EQ(generation.finish, FinishReason::Length);
   EXPECT_EQ(generation.prompt_tokens, static_cast<int64_t>(ref.prompt_tokens.size()));
   EXPECT_EQ(generation.decoded_tokens, static_cast<int64_t>(ref.greedy_tokens.size()) - 1);
 }
@@ -208,8 +220,114 @@ TEST_P(EngineTest, SameSeedSameText) {
   params.sampling.seed = 1234;
   Engine a(test::shared_path(kStories), small_context(64));
   Engine b(test::shared_path(kStories), small_context(64));
-  EXPECT_EQ(a.generate(ref.prompt_tokens, params, keep_going).tokens,
-            b.generate(ref.prompt_tokens, params, keep_going).tokens);
+  const Generation from_a = a.generate(ref.prompt_tokens, params, keep_going);
+  const Generation from_b = b.generate(ref.prompt_tokens, params, keep_going);
+  EXPECT_EQ(from_a.tokens, from_b.tokens);
+  EXPECT_FALSE(from_a.text.empty());
+  EXPECT_EQ(from_a.text, from_b.text);
+}
+
+// The greedy text's pieces, token by token; then a stop string made of the end of one piece and the start of the
+// next: the same generation stops at the token that completes it, with the text before it.
+TEST_P(EngineTest, StopStringSpanningTwoTokensEndsTheTextBeforeIt) {
+  const Reference ref = read_reference();
+  std::vector<std::string> pieces;
+  const Generation full = Engine(test::shared_path(kStories), small_context(128))
+                              .generate(ref.prompt_tokens, greedy(32), [&](const Step& step) {
+                                pieces.push_back(step.text);
+                                return true;
+                              });
+  ASSERT_EQ(pieces.size(), full.tokens.size());
+  std::string stop;
+  size_t completing = 0;  // the token whose text completes it
+  size_t end = 0;         // where piece i ends in the text
+  for (size_t i = 0; i + 1 < pieces.size() && stop.empty(); ++i) {
+    end += pieces[i].size();
+    // A few tokens in, so that text comes before it.
+    if (i < 4 || pieces[i].empty() || static_cast<uint8_t>(pieces[i].back()) >= 0x80 || pieces[i + 1].size() < 2)
+      continue;
+    const std::string candidate = pieces[i].back() + pieces[i + 1].substr(0, 2);
+    // Its first occurrence in the text must be the one across this boundary.
+    if (full.text.find(candidate) == end - 1) {
+      stop = candidate;
+      completing = i + 1;
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << full.text;
+  std::cout << "[ engine ] stop string \"" << stop << "\" across tokens " << completing - 1 << " and " << completing
+            << ", after \"" << full.text.substr(0, end - 1) << "\"\n";
+
+  GenerationParams params = greedy(32);
+  params.stop_strings = {"not in this story", stop};
+  std::string streamed;
+  const Generation stopped = Engine(test::shared_path(kStories), small_context(128))
+                                 .generate(ref.prompt_tokens, params, [&](const Step& step) {
+                                   streamed += step.text;
+                                   return true;
+                                 });
+  EXPECT_EQ(stopped.finish, FinishReason::StopString);
+  EXPECT_EQ(stopped.stop_string, 1u);
+  EXPECT_EQ(stopped.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_EQ(streamed, stopped.text);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + completing + 1));
+}
+
+// Issue 40's acceptance: log-probabilities agree with a softmax of the logits the model gives for each prefix.
+TEST_P(EngineTest, LogprobsAreALogSoftmaxOfTheLogitsOfEvaluate) {
+  const Reference ref = read_reference();
+  constexpr int32_t kTop = 5;
+  GenerationParams params = greedy(12);
+  params.top_logprobs = kTop;
+  const Generation generation =
+      Engine(test::shared_path(kStories), small_context(128)).generate(ref.prompt_tokens, params, keep_going);
+  ASSERT_EQ(generation.logprobs.size(), generation.tokens.size());
+
+  Engine engine(test::shared_path(kStories), small_context(128));
+  std::vector<int32_t> prefix = ref.prompt_tokens;
+  for (size_t i = 0; i < generation.tokens.size(); ++i) {
+    SCOPED_TRACE("token " + std::to_string(i));
+    const std::span<const float> logits = engine.evaluate(prefix);
+    long double sum = 0.0L;
+    for (const float logit : logits) sum += std::exp(static_cast<long double>(logit));
+    const auto log_softmax = [&](int32_t id) {
+      return static_cast<double>(std::log(std::exp(static_cast<long double>(logits[static_cast<size_t>(id)])) / sum));
+    };
+    std::vector<int32_t> ranked(logits.size());
+    for (size_t id = 0; id < ranked.size(); ++id) ranked[id] = static_cast<int32_t>(id);
+    std::stable_sort(ranked.begin(), ranked.end(), [&](int32_t a, int32_t b) {
+      return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)];
+    });
+
+    const sampling::Logprobs& logprobs = generation.logprobs[i];
+    EXPECT_EQ(logprobs.chosen.id, generation.tokens[i]);
+    EXPECT_EQ(generation.tokens[i], ranked[0]);  // greedy
+    EXPECT_NEAR(logprobs.chosen.logprob, log_softmax(generation.tokens[i]), 1e-5);
+    ASSERT_EQ(logprobs.top.size(), static_cast<size_t>(kTop));
+    for (size_t k = 0; k < logprobs.top.size(); ++k) {
+      EXPECT_EQ(logprobs.top[k].id, ranked[k]) << "top " << k;
+      EXPECT_NEAR(logprobs.top[k].logprob, log_softmax(ranked[k]), 1e-5) << "top " << k;
+    }
+    prefix.push_back(generation.tokens[i]);
+  }
+}
+
+TEST_P(EngineTest, LogitBiasSteersTheChoiceAndIsCheckedFirst) {
+  const Reference ref = read_reference();
+  Engine engine(test::shared_path(kStories), small_context(64));
+  GenerationParams params = greedy(6);
+  const int32_t banned = ref.greedy_tokens[0];
+  params.sampling.logit_bias = {{banned, -sampling::kMaxLogitBias}};
+  EXPECT_NE(engine.generate(ref.prompt_tokens, params, keep_going).tokens[0], banned);
+  const int32_t forced = ref.greedy_tokens[3];
+  params.sampling.logit_bias = {{forced, sampling::kMaxLogitBias}};
+  EXPECT_EQ(engine.generate(ref.prompt_tokens, params, keep_going).tokens, std::vector<int32_t>(6, forced));
+
+  // A bad bias is refused before the prompt is evaluated.
+  engine.reset();
+  params.sampling.logit_bias = {{engine.tokenizer().n_vocab(), 1.0f}};
+  EXPECT_EQ(test::error_of([&] { engine.generate(ref.prompt_tokens, params, keep_going); }),
+            "logit bias: token 512 is outside the vocabulary of 512 tokens");
+  EXPECT_TRUE(engine.cached_tokens().empty());
 }
 
 TEST_P(EngineTest, StopsWhenTheContextIsFull) {
@@ -219,7 +337,7 @@ TEST_P(EngineTest, StopsWhenTheContextIsFull) {
   GenerationParams params = greedy(-1);
   params.ignore_eos = true;
   const Generation generation = engine.generate(ref.prompt_tokens, params, keep_going);
-  EXPECT_EQ(generation.stop, StopReason::ContextFull);
+  EXPECT_EQ(generation.finish, FinishReason::ContextFull);
   // Every position holds a token, and one more was chosen from the logits of the last.
   EXPECT_EQ(static_cast<int64_t>(engine.cached_tokens().size()), kContext);
   EXPECT_EQ(static_cast<int64_t>(generation.tokens.size()), kContext - static_cast<int64_t>(ref.prompt_tokens.size()) + 1);
@@ -229,9 +347,11 @@ TEST_P(EngineTest, CallbackStopsGeneration) {
   const Reference ref = read_reference();
   Engine engine(test::shared_path(kStories), small_context(64));
   int calls = 0;
-  const Generation generation = engine.generate(ref.prompt_tokens, greedy(20), [&](int32_t) { return ++calls < 3; });
-  EXPECT_EQ(generation.stop, StopReason::Callback);
+  const Generation generation =
+      engine.generate(ref.prompt_tokens, greedy(20), [&](const Step&) { return ++calls < 3; });
+  EXPECT_EQ(generation.finish, FinishReason::Cancelled);
   EXPECT_EQ(generation.tokens.size(), 3u);
+  EXPECT_EQ(calls, 3);
 }
 
 TEST_P(EngineTest, ZeroTokensEvaluatesThePromptOnly) {
@@ -239,6 +359,7 @@ TEST_P(EngineTest, ZeroTokensEvaluatesThePromptOnly) {
   Engine engine(test::shared_path(kStories), small_context(64));
   const Generation generation = engine.generate(ref.prompt_tokens, greedy(0), keep_going);
   EXPECT_TRUE(generation.tokens.empty());
+  EXPECT_EQ(generation.finish, FinishReason::Length);
   EXPECT_EQ(engine.cached_tokens(), ref.prompt_tokens);
 }
 
@@ -295,7 +416,7 @@ TEST(Engine, GpuGeneratesTheCpusGreedyText) {
   const Generation on_gpu = gpu.generate(prompt, greedy(64), keep_going);
   EXPECT_GT(on_cpu.tokens.size(), 16u);
   EXPECT_EQ(on_gpu.tokens, on_cpu.tokens);
-  EXPECT_EQ(on_gpu.stop, on_cpu.stop);
+  EXPECT_EQ(on_gpu.finish, on_cpu.finish);
 }
 
 TEST(Engine, NoLayersOnTheGpuRunsOnTheCpu) {
