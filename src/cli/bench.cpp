@@ -16,8 +16,8 @@
 
 #include "cli/commands.h"
 #include "cli/file_type.h"
+#include "cli/options.h"
 #include "engine/engine.h"
-#include "util/error.h"
 #if ROCMFORGE_HAVE_GPU
 #include "backend/gpu/runtime.h"
 #endif
@@ -239,12 +239,15 @@ void run_benchmarks(engine::Engine& engine, const BenchOptions& options, Clock::
 }
 
 void bench(const BenchOptions& options) {
-  if (options.prompt_tokens < 0 || options.generated_tokens < 0) fail("-p and -n must not be negative");
-  if (options.repetitions < 1) fail("-r must be at least 1, got {}", options.repetitions);
-  const Clock::time_point start = Clock::now();
   engine::EngineOptions engine_options = options.engine;
   engine_options.context = bench_context(options);
-  engine::Engine engine(options.model, engine_options);
+  const std::shared_ptr<const gguf::File> file = gguf::File::open(options.model);
+  check_context(*file, engine_options.context,
+                fmt::format("the longer of -p {} and -n {}", options.prompt_tokens, options.generated_tokens));
+  // The engine's open time leaves out the parsing of a file passed in open; counted from process start, the load
+  // times include it all the same.
+  const Clock::time_point start = Clock::now();
+  engine::Engine engine(file, engine_options);
   run_benchmarks(engine, options, start);
 }
 
@@ -254,13 +257,17 @@ void add_bench_command(CLI::App& app) {
   auto options = std::make_shared<BenchOptions>();
   CLI::App* command = app.add_subcommand("bench", "Measure prompt and generation speed (like llama-bench)");
   command->add_option("-m,--model", options->model, "GGUF model file")->required();
+  // -p and -n are checked against the model's context when it is open.
   command->add_option("-p,--n-prompt", options->prompt_tokens, "Prompt tokens per ppN run (0: skip)")
+      ->transform(integer_in<int64_t>(0))
       ->capture_default_str();
   command->add_option("-n,--n-gen", options->generated_tokens, "Generated tokens per tgN run (0: skip)")
+      ->transform(integer_in<int64_t>(0))
       ->capture_default_str();
-  command->add_option("-r,--repetitions", options->repetitions, "Timed runs per test")->capture_default_str();
-  command->add_option("-t,--threads", options->engine.threads, "Threads (0: one per physical core)")
-      ->check(CLI::NonNegativeNumber);
+  command->add_option("-r,--repetitions", options->repetitions, "Timed runs per test")
+      ->transform(integer_in(1))
+      ->capture_default_str();
+  add_threads_option(*command, options->engine.threads, "one per physical core");
   command->add_flag("--json", options->json, "Print one JSON object instead of the table");
   add_device_options(*command, options->engine);
   command->callback([options] { bench(*options); });

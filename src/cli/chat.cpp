@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "engine/engine.h"
 #include "tokenizer/chat_template.h"
 
@@ -38,7 +39,7 @@ void say_context_full(int64_t context) {
 }
 
 void chat(const ChatOptions& options) {
-  engine::Engine engine(options.model, options.engine);
+  engine::Engine engine(open_model(options.model, options.engine), options.engine);
   const Tokenizer& tokenizer = engine.tokenizer();
   const ChatTemplate chat_template = choose_template(options, tokenizer);
   std::vector<ChatMessage> messages;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "engine/engine.h"
 #include "gguf/gguf.h"
 #include "model/config.h"
@@ -46,17 +48,12 @@ void write_file(const std::string& path, const void* data, size_t bytes) {
 }
 
 void eval(const EvalOptions& options) {
-  if (options.n_tokens < 1) fail("-n must be at least 1, got {}", options.n_tokens);
   std::shared_ptr<const gguf::File> file = gguf::File::open(options.model_path);
   const Tokenizer tokenizer(*file);
   const std::vector<int32_t> prompt_tokens = tokenizer.encode(options.prompt, true, false);
   if (prompt_tokens.empty()) fail("the prompt is empty and the model adds no BOS token: nothing to evaluate");
   const int64_t context = static_cast<int64_t>(prompt_tokens.size()) + options.n_tokens;
-  // Checked before the engine allocates a KV cache of that size.
-  const int64_t model_context = model::read_config(*file).context_length;
-  if (context > model_context)
-    fail("{} prompt tokens + {} generated exceed the model's context of {} positions", prompt_tokens.size(),
-         options.n_tokens, model_context);
+  check_context(*file, context, fmt::format("{} prompt tokens + {} generated", prompt_tokens.size(), options.n_tokens));
   engine::EngineOptions engine_options = options.engine;
   engine_options.context = context;
   engine::Engine engine(file, engine_options);
@@ -104,11 +101,13 @@ void add_eval_command(CLI::App& app) {
   command->add_option("-m,--model", options->model_path, "GGUF model")->required();
   command->add_option("-p,--prompt", options->prompt, "Prompt text (BOS is added as the model's tokenizer says)")
       ->required();
-  command->add_option("-n,--tokens", options->n_tokens, "Greedy tokens to generate")->capture_default_str();
+  // At most 2^31 - 1, as no model's context is longer: the sum with the prompt's tokens cannot overflow.
+  command->add_option("-n,--tokens", options->n_tokens, "Greedy tokens to generate")
+      ->transform(integer_in<int64_t>(1, std::numeric_limits<int32_t>::max()))
+      ->capture_default_str();
   command->add_option("--out", options->out_prefix, "Output prefix: writes PREFIX.json and PREFIX.logits.f32")
       ->required();
-  command->add_option("-t,--threads", options->engine.threads, "CPU threads (0: physical cores)")
-      ->capture_default_str();
+  add_threads_option(*command, options->engine.threads, "one per physical core");
   add_device_options(*command, options->engine);
   command->callback([options] { eval(*options); });
 }

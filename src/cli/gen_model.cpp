@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "cli/convert.h"
 #include "cli/file_type.h"
+#include "cli/options.h"
 #include "gguf/gguf.h"
 #include "gguf/writer.h"
 #include "model/architecture.h"
@@ -303,8 +304,9 @@ void add_gen_model_command(CLI::App& app) {
   command->add_option("--vocab", options->vocab, "GGUF file whose tokenizer.* keys are copied (sets the vocab size)")
       ->required();
   command->add_option("output", options->output, "GGUF file to write")->required();
-  command->add_option("--seed", options->seed, "Random seed (the same seed gives the same file)");
-  command->add_option("-t,--threads", options->threads, "Threads (0 = every core)")->check(CLI::NonNegativeNumber);
+  command->add_option("--seed", options->seed, "Random seed (the same seed gives the same file)")
+      ->transform(integer_in<uint64_t>(0));
+  add_threads_option(*command, options->threads, "every hardware thread");
   command->add_flag("--sparse", options->sparse,
                     "Write only the header: tensor data is a hole that reads as zeros (for measuring open and "
                     "inspect on full-size files without the disk they would take)");

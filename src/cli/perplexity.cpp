@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "engine/engine.h"
 #include "util/error.h"
 
@@ -40,8 +41,7 @@ double negative_log_likelihood(std::span<const float> logits, int32_t token) {
 
 void perplexity(const PerplexityOptions& options) {
   const int64_t n_ctx = options.engine.context;
-  if (n_ctx < 4) fail("perplexity needs a context of at least 4 tokens, got {}", n_ctx);
-  engine::Engine engine(options.model, options.engine);
+  engine::Engine engine(open_model(options.model, options.engine), options.engine);
   const Tokenizer& tokenizer = engine.tokenizer();
 
   // As llama.cpp's -f: the file without one trailing newline.
@@ -97,10 +97,16 @@ void add_perplexity_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand("perplexity", "Perplexity of a model over a text file (llama.cpp's method)");
   command->add_option("-m,--model", options->model, "GGUF model file")->required();
   command->add_option("-f,--file", options->file, "Text file (e.g. wiki.test.raw)")->required();
-  command->add_option("-c,--ctx", options->engine.context, "Tokens per chunk")->capture_default_str();
-  command->add_option("--chunks", options->chunks, "Chunks to evaluate at most (-1: all)")->capture_default_str();
-  command->add_option("-t,--threads", options->engine.threads, "Threads (0: one per physical core)")
-      ->check(CLI::NonNegativeNumber);
+  // At least 4 tokens, so that a chunk's scored second half is not empty; at most the model's context (open_model).
+  command->add_option("-c,--ctx", options->engine.context, "Tokens per chunk, at most the model's context")
+      ->transform(integer_in<int64_t>(4))
+      ->capture_default_str();
+  // 0 chunks would score nothing and report a perplexity of NaN.
+  command->add_option("--chunks", options->chunks, "Chunks to evaluate at most (-1: all)")
+      ->transform(integer_option<int64_t>([](int64_t chunks) { return chunks == -1 || chunks >= 1; },
+                                          "-1 (all) or an integer >= 1"))
+      ->capture_default_str();
+  add_threads_option(*command, options->engine.threads, "one per physical core");
   add_device_options(*command, options->engine);
   command->callback([options] { perplexity(*options); });
 }

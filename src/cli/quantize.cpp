@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/convert.h"
 #include "cli/file_type.h"
+#include "cli/options.h"
 #include "gguf/gguf.h"
 #include "gguf/writer.h"
 #include "quant/quant.h"
@@ -89,8 +90,7 @@ void add_quantize_command(CLI::App& app) {
                                "except in Q3_K, Q4_K and Q5_K, which are pure)",
                                quant_target_names()))
       ->required();
-  command->add_option("-t,--threads", options->threads, "Threads (0 = every core)")
-      ->check(CLI::NonNegativeNumber);
+  add_threads_option(*command, options->threads, "every hardware thread");
   command->callback([options] {
     quantize(*options);
     print_written(options->output);

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "engine/engine.h"
 
 namespace rf::cli {
@@ -29,7 +30,7 @@ void print_text(const std::string& text) {
 }
 
 void run(const RunOptions& options) {
-  engine::Engine engine(options.model, options.engine);
+  engine::Engine engine(open_model(options.model, options.engine), options.engine);
   const Tokenizer& tokenizer = engine.tokenizer();
   const std::vector<int32_t> prompt = tokenizer.encode(options.prompt, true, false);
   engine.require_fits(static_cast<int64_t>(prompt.size()));
@@ -75,7 +76,7 @@ void add_device_options(CLI::App& command, engine::EngineOptions& engine) {
       .add_option("--gpu-layers,--n-gpu-layers", engine.gpu_layers,
                   "On the GPU: run only the last N layers and the output there, the layers before on the CPU (a "
                   "model larger than device memory; default: all)")
-      ->check(CLI::NonNegativeNumber)
+      ->transform(integer_in<int64_t>(0))
       ->type_name("N");
   command.add_flag("--float-activations", engine.float_activations,
                    "Multiply quantized weights with float activations instead of 8-bit ones, as llama.cpp computes on "
@@ -95,27 +96,53 @@ void add_generation_options(CLI::App& command, engine::EngineOptions& engine, en
   // A random seed unless one is given, as llama.cpp; --seed makes a run repeatable.
   sampling.seed = std::random_device{}();
   add_device_options(command, engine);
-  command.add_option("-n,--n-predict", generation.max_tokens, "Tokens to generate at most (-1: until the context is full)")
+  command
+      .add_option("-n,--n-predict", generation.max_tokens, "Tokens to generate at most (-1: until the context is full)")
+      ->transform(integer_in<int64_t>(-1))
       ->capture_default_str();
-  command.add_option("-c,--ctx", engine.context, "Context size in tokens (0: the model's, capped to a quarter of RAM)")
-      ->check(CLI::NonNegativeNumber);
-  command.add_option("-t,--threads", engine.threads, "Threads (0: one per physical core)")->check(CLI::NonNegativeNumber);
+  command
+      .add_option("-c,--ctx", engine.context,
+                  "Context size in tokens, at most the model's (0: the model's, capped to a quarter of RAM)")
+      ->transform(integer_in<int64_t>(0));
+  add_threads_option(command, engine.threads, "one per physical core");
   command.add_flag("--ignore-eos", generation.ignore_eos, "Keep generating past the model's end-of-generation tokens");
-  command.add_option("--temp", sampling.temperature, "Temperature (<= 0: greedy)")->capture_default_str();
-  command.add_option("--top-k", sampling.top_k, "Keep the K most likely tokens (0: off)")->capture_default_str();
-  command.add_option("--top-p", sampling.top_p, "Keep the most likely tokens up to this total probability (1: off)")
+  // Each sampling option's range is the sampler's own (sampling::check_params).
+  using sampling::SamplingParams;
+  command.add_option("--temp", sampling.temperature, "Temperature, >= 0 (0: greedy)")
+      ->transform(sampling_option(&SamplingParams::temperature))
       ->capture_default_str();
-  command.add_option("--min-p", sampling.min_p, "Drop tokens less likely than this fraction of the best (0: off)")
+  command.add_option("--top-k", sampling.top_k, "Keep the K most likely tokens (0: off)")
+      ->transform(sampling_option(&SamplingParams::top_k))
       ->capture_default_str();
-  command.add_option("--repeat-penalty", sampling.repeat_penalty, "Penalty for repeated tokens (1: off)")
+  command
+      .add_option("--top-p", sampling.top_p,
+                  "Keep the most likely tokens up to this total probability, in (0, 1] (1: off)")
+      ->transform(sampling_option(&SamplingParams::top_p))
       ->capture_default_str();
-  command.add_option("--repeat-last-n", sampling.penalty_last_n, "Tokens the penalties look back over (-1: all)")
+  command
+      .add_option("--min-p", sampling.min_p,
+                  "Drop tokens less likely than this fraction of the best, in [0, 1] (0: off)")
+      ->transform(sampling_option(&SamplingParams::min_p))
       ->capture_default_str();
-  command.add_option("--frequency-penalty", sampling.frequency_penalty, "Subtracted once per earlier occurrence")
+  command.add_option("--repeat-penalty", sampling.repeat_penalty, "Penalty for repeated tokens, > 0 (1: off)")
+      ->transform(sampling_option(&SamplingParams::repeat_penalty))
       ->capture_default_str();
-  command.add_option("--presence-penalty", sampling.presence_penalty, "Subtracted from every earlier token")
+  command
+      .add_option("--repeat-last-n", sampling.penalty_last_n, "Tokens the penalties look back over (-1: all, 0: off)")
+      ->transform(sampling_option(&SamplingParams::penalty_last_n))
       ->capture_default_str();
-  command.add_option("-s,--seed", sampling.seed, "Random seed (default: random)");
+  const std::string penalty_range = fmt::format("in [-{}, {}]", sampling::kMaxPenalty, sampling::kMaxPenalty);
+  command
+      .add_option("--frequency-penalty", sampling.frequency_penalty,
+                  fmt::format("Subtracted once per earlier occurrence, {}", penalty_range))
+      ->transform(sampling_option(&SamplingParams::frequency_penalty))
+      ->capture_default_str();
+  command
+      .add_option("--presence-penalty", sampling.presence_penalty,
+                  fmt::format("Subtracted from every earlier token, {}", penalty_range))
+      ->transform(sampling_option(&SamplingParams::presence_penalty))
+      ->capture_default_str();
+  command.add_option("-s,--seed", sampling.seed, "Random seed (default: random)")->transform(integer_in<uint64_t>(0));
 }
 
 void add_run_command(CLI::App& app) {

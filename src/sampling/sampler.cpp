@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
+#include <utility>
 
 #include "util/error.h"
 
@@ -22,6 +23,24 @@ void check_logit_bias(const std::map<int32_t, float>& logit_bias, size_t n_vocab
     if (!(bias >= -kMaxLogitBias && bias <= kMaxLogitBias))
       fail("logit bias of token {} must be within [-{}, {}], got {}", token, kMaxLogitBias, kMaxLogitBias, bias);
   }
+}
+
+void check_params(const SamplingParams& params) {
+  // Each test is written so that NaN fails it.
+  if (!(params.temperature >= 0.0f && std::isfinite(params.temperature)))
+    fail("temperature must be finite and at least 0 (0: greedy), got {}", params.temperature);
+  if (params.top_k < 0) fail("top-k must be at least 0 (0: off), got {}", params.top_k);
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f))
+    fail("top-p must be positive and at most 1 (1: off), got {}", params.top_p);
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) fail("min-p must be in [0, 1] (0: off), got {}", params.min_p);
+  if (!(params.repeat_penalty > 0.0f && std::isfinite(params.repeat_penalty)))
+    fail("repeat penalty must be positive and finite (1: off), got {}", params.repeat_penalty);
+  for (const auto& [name, penalty] :
+       {std::pair{"frequency", params.frequency_penalty}, std::pair{"presence", params.presence_penalty}})
+    if (!(std::fabs(penalty) <= kMaxPenalty))
+      fail("{} penalty must be in [-{}, {}] (0: off), got {}", name, kMaxPenalty, kMaxPenalty, penalty);
+  if (params.penalty_last_n < -1)
+    fail("penalty window must be -1 (all), 0 (off) or positive, got {}", params.penalty_last_n);
 }
 
 void apply_logit_bias(std::vector<Candidate>& candidates, const std::map<int32_t, float>& logit_bias) {
@@ -90,11 +109,7 @@ void apply_temperature(std::vector<Candidate>& candidates, float temperature) {
   for (Candidate& c : candidates) c.logit /= temperature;
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
-  if (params.penalty_last_n < -1) fail("penalty window must be -1 (all), 0 (off) or positive, got {}", params.penalty_last_n);
-  if (params.top_p <= 0.0f) fail("top-p must be positive, got {}", params.top_p);
-  if (params.repeat_penalty <= 0.0f) fail("repeat penalty must be positive, got {}", params.repeat_penalty);
-}
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) { check_params(params); }
 
 void Sampler::accept(int32_t token) {
   if (params_.penalty_last_n == 0) return;

@@ -1,6 +1,6 @@
 // Choosing the next token from a row of logits, as llama.cpp's default sampler chain does: logit bias, then
 // repetition, frequency and presence penalties over the last tokens, then top-k, top-p, min-p, temperature, and
-// finally the most likely token (temperature <= 0) or a seeded random draw from the remaining distribution.
+// finally the most likely token (temperature 0) or a seeded random draw from the remaining distribution.
 // Each stage is a function over a list of candidates so that tests can check it alone.
 #pragma once
 #include <cstdint>
@@ -11,15 +11,16 @@
 
 namespace rf::sampling {
 
+// Each parameter's accepted values (check_params) follow its comment; NaN and the infinities are never accepted.
 struct SamplingParams {
-  float temperature = 0.8f;     // <= 0: greedy
-  int32_t top_k = 40;           // <= 0: off
-  float top_p = 0.95f;          // >= 1: off
-  float min_p = 0.05f;          // <= 0: off
-  float repeat_penalty = 1.0f;  // 1: off
-  float frequency_penalty = 0.0f;
-  float presence_penalty = 0.0f;
-  int32_t penalty_last_n = 64;  // tokens the penalties look back over; 0: off, -1: the whole history
+  float temperature = 0.8f;        // >= 0; 0: greedy
+  int32_t top_k = 40;              // >= 0; 0: off
+  float top_p = 0.95f;             // in (0, 1]; 1: off
+  float min_p = 0.05f;             // in [0, 1]; 0: off
+  float repeat_penalty = 1.0f;     // > 0; 1: off
+  float frequency_penalty = 0.0f;  // in [-kMaxPenalty, kMaxPenalty]; 0: off
+  float presence_penalty = 0.0f;   // in [-kMaxPenalty, kMaxPenalty]; 0: off
+  int32_t penalty_last_n = 64;     // >= -1: tokens the penalties look back over; 0: off, -1: the whole history
   uint64_t seed = 0;
   // Token id -> bias added to its logit before any other stage (OpenAI's logit_bias): -100 all but bans the
   // token, +100 all but forces it.
@@ -28,6 +29,8 @@ struct SamplingParams {
 
 // The largest magnitude of a logit bias (OpenAI's range).
 inline constexpr float kMaxLogitBias = 100.0f;
+// The largest magnitude of a frequency or presence penalty (OpenAI's range).
+inline constexpr float kMaxPenalty = 2.0f;
 
 struct Candidate {
   int32_t id;
@@ -38,6 +41,11 @@ struct Candidate {
 // An rf::Error naming the first bad entry of a logit bias: a token outside a vocabulary of n_vocab tokens, or a
 // bias that is NaN or outside [-kMaxLogitBias, kMaxLogitBias]. For requests to check before they run.
 void check_logit_bias(const std::map<int32_t, float>& logit_bias, size_t n_vocab);
+
+// An rf::Error naming the first parameter outside its range ("top-p must be positive and at most 1 (1: off), got
+// 7"); the logit bias is check_logit_bias's, against a vocabulary. The Sampler checks this; requests and command
+// lines check it before they run, so that every front end holds the same rule.
+void check_params(const SamplingParams& params);
 
 // Checks the bias against the candidates' vocabulary (check_logit_bias), then adds each token's bias to its logit.
 // Candidates must be in vocabulary order.
@@ -67,6 +75,7 @@ void apply_temperature(std::vector<Candidate>& candidates, float temperature);
 
 class Sampler {
  public:
+  // Parameters outside their ranges are an rf::Error (check_params).
   explicit Sampler(const SamplingParams& params);
 
   // Appends a token to the history the penalties look at (prompt tokens too, as llama.cpp does).

@@ -1,10 +1,18 @@
 #include "backend/cpu/thread_pool.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <stdexcept>
 #include <vector>
+
+#include "util/error.h"
 
 namespace rf {
 namespace {
@@ -53,6 +61,30 @@ TEST(ThreadPoolTest, ExceptionReachesTheCaller) {
   std::atomic<int64_t> count{0};
   pool.parallel_for(100, 1, [&](int64_t begin, int64_t end, int) { count.fetch_add(end - begin); });
   EXPECT_EQ(count.load(), 100);
+}
+
+// Threads the system cannot start are an rf::Error naming the count, not std::terminate (which a std::thread
+// still running in the vector being destroyed would call). A child process caps its address space a little above
+// what it maps, so that the threads' stacks run out after a few.
+TEST(ThreadPoolDeathTest, ThreadsTheSystemCannotStartAreAnError) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' own allocations fail first in a capped address space";
+#endif
+  const auto start_too_many = [] {
+    long mapped_pages = 0;
+    std::ifstream("/proc/self/statm") >> mapped_pages;
+    const rlim_t cap = static_cast<rlim_t>(mapped_pages * sysconf(_SC_PAGESIZE)) + (64 << 20);
+    const rlimit limit{cap, cap};
+    if (setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(2);
+    try {
+      cpu::ThreadPool pool(1000);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      std::_Exit(0);
+    }
+    std::_Exit(1);
+  };
+  EXPECT_EXIT(start_too_many(), ::testing::ExitedWithCode(0), "cannot start 1000 threads: .* \\(the system allowed");
 }
 
 }  // namespace

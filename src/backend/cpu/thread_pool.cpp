@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "util/error.h"
+
 namespace rf::cpu {
 namespace {
 
@@ -58,11 +60,20 @@ int physical_core_count() {
 
 ThreadPool::ThreadPool(int threads) {
   const int total = threads > 0 ? threads : physical_core_count();
-  workers_.reserve(static_cast<size_t>(total - 1));
-  for (int thread = 1; thread < total; ++thread) workers_.emplace_back([this, thread] { worker_loop(thread); });
+  try {
+    workers_.reserve(static_cast<size_t>(total - 1));
+    for (int thread = 1; thread < total; ++thread) workers_.emplace_back([this, thread] { worker_loop(thread); });
+  } catch (const std::exception& e) {
+    // The system's limits on threads or memory: the workers already started must be joined, or destroying them
+    // would terminate the process.
+    stop_workers();
+    fail("cannot start {} threads: {} (the system allowed {})", total, e.what(), size());
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   stopping_.store(true);
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();

@@ -18,7 +18,8 @@ int physical_core_count();
 
 class ThreadPool {
  public:
-  // `threads` in all, the caller included; 0 means physical_core_count().
+  // `threads` in all, the caller included; 0 means physical_core_count(). Threads the system cannot start
+  // are an rf::Error.
   explicit ThreadPool(int threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -42,6 +43,8 @@ class ThreadPool {
   void run(int64_t n, int64_t grain, Trampoline trampoline, void* fn);
   void work_on_chunks(int thread);
   void worker_loop(int thread);
+  // Wakes every worker to return and joins it.
+  void stop_workers();
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one parallel_for at a time
