@@ -12,18 +12,28 @@ void check_tokens(const ModelConfig& config, std::span<const int32_t> tokens) {
       fail("token id {} is out of range: the vocabulary has {} tokens", token, config.vocab_size);
 }
 
+namespace {
+
+// The rows of each sliding-window layer's ring (one window and one pass: the same for every such layer), or 0 where
+// the model has no such layers or a ring would not be shorter than the context. Layer 0 slides whenever any layer
+// does (l % pattern < pattern - 1 holds for l = 0 first).
+int64_t ring_rows(const ModelConfig& config, int64_t context, int64_t max_batch) {
+  const int64_t rows = config.sliding_window + max_batch;
+  return config.sliding(0) && rows < context ? rows : 0;
+}
+
+}  // namespace
+
 int64_t kv_cache_rows(const ModelConfig& config, int64_t layer, int64_t context, int64_t max_batch) {
-  return config.sliding(layer) ? std::min(context, config.sliding_window + max_batch) : context;
+  const int64_t ring = ring_rows(config, context, max_batch);
+  return config.sliding(layer) && ring > 0 ? ring : context;
 }
 
 int64_t positions_after_truncate(const ModelConfig& config, int64_t context, int64_t max_batch, int64_t written,
                                  int64_t positions) {
+  const int64_t ring = ring_rows(config, context, max_batch);
   const int64_t oldest_seen = std::max<int64_t>(0, positions - config.sliding_window + 1);
-  for (int64_t l = 0; l < config.n_layers; ++l) {
-    const int64_t rows = kv_cache_rows(config, l, context, max_batch);
-    if (rows < context && oldest_seen < written - rows) return 0;
-  }
-  return positions;
+  return ring > 0 && oldest_seen < written - ring ? 0 : positions;
 }
 
 void check_positions(const ModelConfig& config, int64_t n, int64_t position, int64_t cached, int64_t context) {
