@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 
 #include "error_of.h"
 #include "gguf/gguf.h"
+#include "random_normal.h"
 #include "test_paths.h"
 
 namespace rf::engine {
@@ -35,11 +35,7 @@ std::vector<float> row_for(int32_t token) {
 }
 
 std::vector<float> random_row(uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  std::vector<float> row(static_cast<size_t>(stories().n_vocab()));
-  for (float& logit : row) logit = normal(rng);
-  return row;
+  return test::random_normal(static_cast<size_t>(stories().n_vocab()), seed, 3.0f);
 }
 
 GenerationParams greedy(int64_t max_tokens) {
