@@ -149,8 +149,8 @@ void check_against_cpu_and_reference(const Reference& ref, bool float_activation
     const Agreement batch_ref = compare(batch_rows, ref_row);
     const Agreement step_cpu = compare(step_rows, cpu_row);
     const Agreement step_ref = compare(step_rows, ref_row);
-    std::cout << "[ gpu reference ] " << ref.model_path << (float_activations ? " (float activations)" : "") << " (" << ref.rows << " rows, the GPU from layer " << first_layer
-              << " of " << layers << (gpu.decodes_in_chains() ? ", decoding in chains" : "") << "): batch vs CPU "
+    std::cout << "[ gpu reference ] " << ref.model_path << (float_activations ? " (float activations)" : "") << " ("
+              << ref.rows << " rows, the GPU from layer " << first_layer << " of " << layers << (gpu.decodes_in_chains() ? ", decoding in chains" : "") << "): batch vs CPU "
               << batch_cpu.min_cosine << ", vs llama.cpp " << batch_ref.min_cosine << "; token by token vs CPU "
               << step_cpu.min_cosine << ", vs llama.cpp " << step_ref.min_cosine << "\n";
     EXPECT_GE(batch_cpu.min_cosine, cpu_bound) << "worst row " << batch_cpu.worst_row;
