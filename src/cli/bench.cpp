@@ -2,9 +2,13 @@
 // N random tokens in one batch) and text generation (tgN: N tokens one at a time) speeds as llama-bench
 // measures them, plus how long the model takes to load and the memory bandwidth decoding achieves on the
 // weights.
+// rocmforge bench -m MODEL --parallel 1,8,32,64 [-p 128] [-n 128] [-r 3] [--ctx N] [--json]: llama-batched-bench's
+// measurement on the scheduler: for each B, B sequences of p random prompt tokens evaluated as one batch, then
+// n tokens each decoded together; the prompt (S_PP), generation (S_TG) and overall (S) tokens/s of all B.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,6 +22,7 @@
 #include "cli/file_type.h"
 #include "cli/options.h"
 #include "engine/engine.h"
+#include "engine/scheduler.h"
 #if ROCMFORGE_HAVE_GPU
 #include "backend/gpu/runtime.h"
 #endif
@@ -27,21 +32,45 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr int64_t kMaxParallel = 1024;          // sequences a --parallel row runs at most
+constexpr int64_t kParallelPromptTokens = 128;  // -p with --parallel unless given, as llama-batched-bench's -npp
+
 struct BenchOptions {
   std::string model;
   int64_t prompt_tokens = 512;
   int64_t generated_tokens = 128;
   int repetitions = 3;
   bool json = false;
-  // On the CPU unless told otherwise, so that a table says which backend it measures by what was asked.
+  std::vector<int64_t> parallel;  // the batched test's sequence counts; empty: llama-bench's tests
+  // On the CPU unless told otherwise, so that a table says which backend it measures by what was asked. With
+  // --parallel, `context` is --ctx: the positions of the paged KV cache (0: enough for every sequence at once).
   engine::EngineOptions engine{.device = engine::Device::Cpu};
 };
 
+// The mean of repeated measurements and their sample standard deviation (0 for one).
+struct Spread {
+  double mean = 0.0;
+  double std = 0.0;
+};
+
+Spread spread_of(const std::vector<double>& values) {
+  const auto n = static_cast<double>(values.size());
+  Spread spread;
+  for (const double value : values) spread.mean += value / n;
+  if (values.size() > 1) {
+    double squares = 0.0;
+    for (const double value : values) squares += (value - spread.mean) * (value - spread.mean);
+    spread.std = std::sqrt(squares / (n - 1));
+  }
+  return spread;
+}
+
+std::string spread_text(const Spread& spread) { return fmt::format("{:.2f} ± {:.2f}", spread.mean, spread.std); }
+
 struct TestResult {
-  std::string name;           // "pp512", "tg128"
-  double tokens_per_s = 0.0;  // mean over repetitions
-  double std = 0.0;           // sample standard deviation over repetitions
-  double gbps = 0.0;          // weight bytes read per second while decoding (tg only)
+  std::string name;   // "pp512", "tg128"
+  Spread speed;       // tokens per second over repetitions
+  double gbps = 0.0;  // weight bytes read per second while decoding (tg only)
   bool generation = false;
 };
 
@@ -62,6 +91,10 @@ double milliseconds_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
+double seconds_between(Clock::time_point start, Clock::time_point end) {
+  return std::chrono::duration<double>(end - start).count();
+}
+
 // Bytes of weights one decoded token reads: every layer's matrices and norms, the final norm, the output
 // matrix, and a single row of the embedding table (the whole table when it doubles as the output matrix).
 uint64_t weight_bytes_per_token(const model::ExecutionPlan& plan) {
@@ -78,6 +111,12 @@ class TokenSource {
   explicit TokenSource(const Tokenizer& tokenizer) : tokenizer_(tokenizer), pick_(0, tokenizer.n_vocab() - 1) {}
   int32_t first() { return tokenizer_.add_bos() ? tokenizer_.bos() : next(); }
   int32_t next() { return pick_(rng_); }
+  // n >= 1 tokens: first(), then next() ones.
+  std::vector<int32_t> tokens(int64_t n) {
+    std::vector<int32_t> tokens{first()};
+    while (static_cast<int64_t>(tokens.size()) < n) tokens.push_back(next());
+    return tokens;
+  }
 
  private:
   const Tokenizer& tokenizer_;
@@ -87,8 +126,7 @@ class TokenSource {
 
 // Seconds to evaluate n random tokens as one batch from an empty cache.
 double time_prompt(engine::Engine& engine, TokenSource& source, int64_t n) {
-  std::vector<int32_t> tokens{source.first()};
-  while (static_cast<int64_t>(tokens.size()) < n) tokens.push_back(source.next());
+  const std::vector<int32_t> tokens = source.tokens(n);
   engine.reset();
   const Clock::time_point start = Clock::now();
   engine.evaluate(tokens);
@@ -113,14 +151,7 @@ TestResult run_test(std::string name, int64_t tokens, int repetitions, TimeRun t
   time_run();
   std::vector<double> speeds;
   for (int r = 0; r < repetitions; ++r) speeds.push_back(static_cast<double>(tokens) / time_run());
-  TestResult result{std::move(name)};
-  for (const double speed : speeds) result.tokens_per_s += speed / repetitions;
-  if (repetitions > 1) {
-    double squares = 0.0;
-    for (const double speed : speeds) squares += (speed - result.tokens_per_s) * (speed - result.tokens_per_s);
-    result.std = std::sqrt(squares / (repetitions - 1));
-  }
-  return result;
+  return {std::move(name), spread_of(speeds)};
 }
 
 std::string size_text(uint64_t bytes) {
@@ -144,9 +175,10 @@ std::string model_description(const gguf::File& file) {
   return fmt::format("{} {}", file.architecture(), type);
 }
 
-void print_table(const std::string& model, uint64_t size, uint64_t params, const std::string& backend, int threads,
-                 const std::vector<TestResult>& results, const LoadTimes& load, uint64_t bytes_per_token,
-                 double copy_gbps) {
+void print_table(const engine::Engine& engine, const std::vector<TestResult>& results, const LoadTimes& load,
+                 uint64_t bytes_per_token, double copy_gbps) {
+  const gguf::File& file = engine.file();
+  const std::string& backend = engine.device_name();
   // The backend column is as wide as its name ("CPU", "NVIDIA H200", ...).
   const size_t backend_width = std::max<size_t>(7, backend.size());
   fmt::print("| {:<24} | {:>10} | {:>10} | {:<{}} | {:>7} | {:>6} | {:>16} | {:>6} |\n", "model", "size", "params",
@@ -154,9 +186,9 @@ void print_table(const std::string& model, uint64_t size, uint64_t params, const
   fmt::print("| {:-<24} | {:->9}: | {:->9}: | {:-<{}} | {:->6}: | {:->5}: | {:->15}: | {:->5}: |\n", "", "", "", "",
              backend_width, "", "", "", "");
   for (const TestResult& r : results)
-    fmt::print("| {:<24} | {:>10} | {:>10} | {:<{}} | {:>7} | {:>6} | {:>16} | {:>6} |\n", model, size_text(size),
-               count_text(params), backend, backend_width, threads, r.name,
-               fmt::format("{:.2f} ± {:.2f}", r.tokens_per_s, r.std), r.generation ? fmt::format("{:.2f}", r.gbps) : "");
+    fmt::print("| {:<24} | {:>10} | {:>10} | {:<{}} | {:>7} | {:>6} | {:>16} | {:>6} |\n", model_description(file),
+               size_text(file.tensor_bytes()), count_text(file.parameter_count()), backend, backend_width,
+               engine.threads(), r.name, spread_text(r.speed), r.generation ? fmt::format("{:.2f}", r.gbps) : "");
   fmt::print("\nfrom process start: open {:.1f} ms, ready {:.1f} ms, first token {:.1f} ms\n", load.open_ms,
              load.ready_ms, load.first_token_ms);
   if (load.gb_per_s > 0) fmt::print("weights loaded at {:.1f} GB/s (file to device)\n", load.gb_per_s);
@@ -168,28 +200,31 @@ void print_table(const std::string& model, uint64_t size, uint64_t params, const
   }
 }
 
-void print_json(const std::string& model, uint64_t size, uint64_t params, const std::string& backend, int threads,
-                const std::vector<TestResult>& results, const LoadTimes& load, double copy_gbps) {
+// The fields every JSON object of bench starts with: the model, its size and parameters, the backend, its threads.
+nlohmann::json engine_json(const engine::Engine& engine) {
+  const gguf::File& file = engine.file();
+  return {{"model", model_description(file)},
+          {"size_bytes", file.tensor_bytes()},
+          {"params", file.parameter_count()},
+          {"backend", engine.device_name()},
+          {"threads", engine.threads()}};
+}
+
+void print_json(const engine::Engine& engine, const std::vector<TestResult>& results, const LoadTimes& load,
+                double copy_gbps) {
   nlohmann::json tests = nlohmann::json::array();
   for (const TestResult& r : results) {
-    nlohmann::json test = {{"test", r.name}, {"tokens_per_s", r.tokens_per_s}, {"std", r.std}};
+    nlohmann::json test = {{"test", r.name}, {"tokens_per_s", r.speed.mean}, {"std", r.speed.std}};
     if (r.generation) test["gbps"] = r.gbps;
     if (r.generation && copy_gbps > 0) test["fraction_of_copy_bandwidth"] = r.gbps / copy_gbps;
     tests.push_back(test);
   }
-  nlohmann::json out = {
-      {"model", model},
-      {"size_bytes", size},
-      {"params", params},
-      {"backend", backend},
-      {"threads", threads},
-      {"tests", tests},
-      {"load",
-       {{"open_ms", load.open_ms},
-        {"ready_ms", load.ready_ms},
-        {"first_token_ms", load.first_token_ms},
-        {"gb_per_s", load.gb_per_s}}},
-  };
+  nlohmann::json out = engine_json(engine);
+  out["tests"] = tests;
+  out["load"] = {{"open_ms", load.open_ms},
+                 {"ready_ms", load.ready_ms},
+                 {"first_token_ms", load.first_token_ms},
+                 {"gb_per_s", load.gb_per_s}};
   if (copy_gbps > 0) out["copy_gbps"] = copy_gbps;
   fmt::print("{}\n", out.dump(2));
 }
@@ -201,8 +236,6 @@ int64_t bench_context(const BenchOptions& options) {
 
 // `start`: when the engine's construction began, for the load times.
 void run_benchmarks(engine::Engine& engine, const BenchOptions& options, Clock::time_point start) {
-  const std::string& backend = engine.device_name();
-  const int threads = engine.threads();
   const double start_ms = std::chrono::duration<double, std::milli>(start - process_start).count();
   LoadTimes load{start_ms + engine.open_ms(), start_ms + engine.ready_ms()};
   TokenSource source(engine.tokenizer());
@@ -219,7 +252,7 @@ void run_benchmarks(engine::Engine& engine, const BenchOptions& options, Clock::
     TestResult tg = run_test(fmt::format("tg{}", options.generated_tokens), options.generated_tokens,
                              options.repetitions, [&] { return time_generation(engine, source, options.generated_tokens); });
     tg.generation = true;
-    tg.gbps = static_cast<double>(bytes_per_token) * tg.tokens_per_s / 1e9;
+    tg.gbps = static_cast<double>(bytes_per_token) * tg.speed.mean / 1e9;
     results.push_back(tg);
   }
 
@@ -229,16 +262,180 @@ void run_benchmarks(engine::Engine& engine, const BenchOptions& options, Clock::
   if (engine.device() == engine::Device::Gpu) copy_gbps = gpu::measure_copy_bandwidth();
 #endif
 
-  const gguf::File& file = engine.file();
-  const std::string model = model_description(file);
   if (options.json)
-    print_json(model, file.tensor_bytes(), file.parameter_count(), backend, threads, results, load, copy_gbps);
+    print_json(engine, results, load, copy_gbps);
   else
-    print_table(model, file.tensor_bytes(), file.parameter_count(), backend, threads, results, load, bytes_per_token,
-                copy_gbps);
+    print_table(engine, results, load, bytes_per_token, copy_gbps);
+}
+
+// Seconds of one batched run: from submitting its prompts until every sequence had its first token (t_pp), and from
+// then until every sequence had finished (t_tg).
+struct BatchTimes {
+  double prompt_seconds = 0.0;
+  double generation_seconds = 0.0;
+};
+
+// A scheduler for batched runs of up to `sequences` sequences of `prompt_tokens` prompt tokens, with a token budget
+// that takes all their prompts in one step, and the times its step callbacks record.
+class BatchRunner {
+ public:
+  BatchRunner(engine::Engine& engine, int64_t sequences, int64_t prompt_tokens)
+      : prompt_tokens_(prompt_tokens),
+        scheduler_(engine, {.max_sequences = sequences, .token_budget = sequences * prompt_tokens}) {}
+
+  // Runs `sequences` sequences, each with its own random prompt (a prefix they shared would be computed once),
+  // greedy, each evaluating `generated_tokens` tokens as llama-batched-bench counts them: it chooses one more, as the
+  // first comes from its prompt's logits and the last is never evaluated.
+  BatchTimes run(TokenSource& source, int64_t sequences, int64_t generated_tokens) {
+    started_.assign(static_cast<size_t>(sequences), false);
+    std::vector<engine::Request> requests(static_cast<size_t>(sequences));
+    for (size_t i = 0; i < requests.size(); ++i) {
+      engine::Request& request = requests[i];
+      request.prompt = source.tokens(prompt_tokens_);
+      request.params.max_tokens = generated_tokens + 1;
+      request.params.ignore_eos = true;
+      request.params.sampling.temperature = 0.0f;
+      request.on_step = [this, i](int32_t, const engine::Step& step) {
+        const Clock::time_point now = Clock::now();
+        if (!started_[i]) {
+          started_[i] = true;
+          all_started_ = now;
+        }
+        if (step.finish) all_finished_ = now;
+      };
+    }
+    const Clock::time_point start = Clock::now();
+    for (const std::shared_ptr<engine::RequestHandle>& handle : scheduler_.submit(std::move(requests))) handle->wait();
+    return {seconds_between(start, all_started_), seconds_between(all_started_, all_finished_)};
+  }
+
+ private:
+  int64_t prompt_tokens_;
+  // Written by the step callbacks on the scheduler's thread, read once every request has finished.
+  std::vector<bool> started_;       // per sequence of the run: whether it has its first token
+  Clock::time_point all_started_;   // when the last sequence had its first token
+  Clock::time_point all_finished_;  // when the last sequence finished
+  engine::Scheduler scheduler_;     // last: its thread calls back into the members above until it is gone
+};
+
+// Tokens per second; 0 for no tokens (-n 0), which took no time.
+double tokens_per_second(int64_t tokens, double seconds) { return tokens > 0 ? tokens / seconds : 0.0; }
+
+// One row of the batched test: B sequences, the mean seconds of its two phases, and the speeds of its runs.
+struct ParallelResult {
+  int64_t sequences = 0;
+  double prompt_seconds = 0.0;      // T_PP
+  double generation_seconds = 0.0;  // T_TG
+  Spread prompt_speed;              // S_PP: B * p / T_PP
+  Spread generation_speed;          // S_TG: B * n / T_TG
+  Spread speed;                     // S: B * (p + n) / (T_PP + T_TG)
+};
+
+// `repetitions` timed runs of B sequences on a fresh scheduler.
+ParallelResult run_parallel(engine::Engine& engine, TokenSource& source, int64_t sequences,
+                            const BenchOptions& options) {
+  const int64_t p = options.prompt_tokens, n = options.generated_tokens;
+  BatchRunner runner(engine, sequences, p);
+  std::vector<double> prompt_seconds, generation_seconds, prompt_speeds, generation_speeds, speeds;
+  for (int r = 0; r < options.repetitions; ++r) {
+    const BatchTimes times = runner.run(source, sequences, n);
+    prompt_seconds.push_back(times.prompt_seconds);
+    generation_seconds.push_back(times.generation_seconds);
+    prompt_speeds.push_back(tokens_per_second(sequences * p, times.prompt_seconds));
+    generation_speeds.push_back(tokens_per_second(sequences * n, times.generation_seconds));
+    speeds.push_back(tokens_per_second(sequences * (p + n), times.prompt_seconds + times.generation_seconds));
+  }
+  return {sequences,
+          spread_of(prompt_seconds).mean,
+          spread_of(generation_seconds).mean,
+          spread_of(prompt_speeds),
+          spread_of(generation_speeds),
+          spread_of(speeds)};
+}
+
+void print_parallel_table(const engine::Engine& engine, const BenchOptions& options, int64_t kv_positions,
+                          const std::vector<ParallelResult>& results) {
+  const gguf::File& file = engine.file();
+  fmt::print("{} ({}, {} params), {}, {} threads, KV cache of {} positions\n\n", model_description(file),
+             size_text(file.tensor_bytes()), count_text(file.parameter_count()), engine.device_name(),
+             engine.threads(), kv_positions);
+  fmt::print("| {:>6} | {:>6} | {:>4} | {:>6} | {:>8} | {:>18} | {:>8} | {:>18} | {:>8} | {:>18} |\n", "PP", "TG", "B",
+             "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s");
+  fmt::print("| {:->5}: | {:->5}: | {:->3}: | {:->5}: | {:->7}: | {:->17}: | {:->7}: | {:->17}: | {:->7}: | {:->17}: "
+             "|\n", "", "", "", "", "", "", "", "", "", "");
+  const int64_t p = options.prompt_tokens, n = options.generated_tokens;
+  for (const ParallelResult& r : results)
+    fmt::print("| {:>6} | {:>6} | {:>4} | {:>6} | {:>8.3f} | {:>18} | {:>8.3f} | {:>18} | {:>8.3f} | {:>18} |\n", p, n,
+               r.sequences, r.sequences * (p + n), r.prompt_seconds, spread_text(r.prompt_speed), r.generation_seconds,
+               spread_text(r.generation_speed), r.prompt_seconds + r.generation_seconds, spread_text(r.speed));
+}
+
+// Rows under llama-batched-bench's JSON names (pl: B), each speed with its standard deviation.
+void print_parallel_json(const engine::Engine& engine, const BenchOptions& options, int64_t kv_positions,
+                         const std::vector<ParallelResult>& results) {
+  const int64_t p = options.prompt_tokens, n = options.generated_tokens;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const ParallelResult& r : results)
+    rows.push_back({{"pp", p},
+                    {"tg", n},
+                    {"pl", r.sequences},
+                    {"n_kv", r.sequences * (p + n)},
+                    {"t_pp", r.prompt_seconds},
+                    {"speed_pp", r.prompt_speed.mean},
+                    {"speed_pp_std", r.prompt_speed.std},
+                    {"t_tg", r.generation_seconds},
+                    {"speed_tg", r.generation_speed.mean},
+                    {"speed_tg_std", r.generation_speed.std},
+                    {"t", r.prompt_seconds + r.generation_seconds},
+                    {"speed", r.speed.mean},
+                    {"speed_std", r.speed.std}});
+  nlohmann::json out = engine_json(engine);
+  out["kv_positions"] = kv_positions;
+  out["parallel"] = rows;
+  fmt::print("{}\n", out.dump(2));
+}
+
+// Blocks of the paged KV cache that `positions` positions take.
+int64_t kv_blocks_for(int64_t positions) {
+  return positions / model::kKvBlockPositions + (positions % model::kKvBlockPositions != 0);
+}
+
+void bench_parallel(const BenchOptions& options) {
+  const int64_t p = options.prompt_tokens, n = options.generated_tokens;
+  if (p == 0) fail("--parallel needs prompts of at least one token, not -p 0");
+  const std::shared_ptr<const gguf::File> file = gguf::File::open(options.model);
+  // Each alone first, so that their sum cannot overflow.
+  check_context(*file, std::max(p, n), fmt::format("the longer of -p {} and -n {}", p, n));
+  check_context(*file, p + n, fmt::format("a sequence of -p {} + -n {} positions", p, n));
+  // Every sequence of the largest row at once, in whole blocks, so that none is preempted.
+  const int64_t most_sequences = std::ranges::max(options.parallel);
+  const int64_t blocks = most_sequences * kv_blocks_for(p + n);
+  engine::EngineOptions engine_options = options.engine;
+  engine_options.paged = true;
+  if (engine_options.context == 0) {
+    engine_options.context = blocks * model::kKvBlockPositions;
+  } else if (engine_options.context < p + n) {
+    fail("--ctx {} cannot hold a sequence of -p {} + -n {} positions", engine_options.context, p, n);
+  } else if (kv_blocks_for(engine_options.context) < blocks) {
+    fmt::print(stderr, "bench: --ctx {} holds fewer than the {} positions of {} sequences at once: some are "
+               "preempted and computed again\n", engine_options.context, blocks * model::kKvBlockPositions,
+               most_sequences);
+  }
+  engine::Engine engine(file, engine_options);
+  TokenSource source(engine.tokenizer());
+  // One prompt evaluated first, untimed, as llama-batched-bench warms up: weights mapped in, threads started.
+  BatchRunner(engine, 1, p).run(source, 1, 0);
+  std::vector<ParallelResult> results;
+  for (const int64_t sequences : options.parallel) results.push_back(run_parallel(engine, source, sequences, options));
+  const int64_t kv_positions = engine.forward_pass().kv_blocks() * model::kKvBlockPositions;
+  if (options.json)
+    print_parallel_json(engine, options, kv_positions, results);
+  else
+    print_parallel_table(engine, options, kv_positions, results);
 }
 
 void bench(const BenchOptions& options) {
+  if (!options.parallel.empty()) return bench_parallel(options);
   engine::EngineOptions engine_options = options.engine;
   engine_options.context = bench_context(options);
   const std::shared_ptr<const gguf::File> file = gguf::File::open(options.model);
@@ -255,22 +452,44 @@ void bench(const BenchOptions& options) {
 
 void add_bench_command(CLI::App& app) {
   auto options = std::make_shared<BenchOptions>();
-  CLI::App* command = app.add_subcommand("bench", "Measure prompt and generation speed (like llama-bench)");
+  CLI::App* command = app.add_subcommand(
+      "bench", "Measure prompt and generation speed (like llama-bench; llama-batched-bench with --parallel)");
   command->add_option("-m,--model", options->model, "GGUF model file")->required();
   // -p and -n are checked against the model's context when it is open.
-  command->add_option("-p,--n-prompt", options->prompt_tokens, "Prompt tokens per ppN run (0: skip)")
-      ->transform(integer_in<int64_t>(0))
-      ->capture_default_str();
-  command->add_option("-n,--n-gen", options->generated_tokens, "Generated tokens per tgN run (0: skip)")
+  CLI::Option* prompt = command
+                            ->add_option("-p,--n-prompt", options->prompt_tokens,
+                                         fmt::format("Prompt tokens per ppN run (0: skip); per sequence with "
+                                                     "--parallel (default there: {})",
+                                                     kParallelPromptTokens))
+                            ->transform(integer_in<int64_t>(0))
+                            ->capture_default_str();
+  command->add_option("-n,--n-gen", options->generated_tokens,
+                      "Generated tokens per tgN run (0: skip); per sequence with --parallel")
       ->transform(integer_in<int64_t>(0))
       ->capture_default_str();
   command->add_option("-r,--repetitions", options->repetitions, "Timed runs per test")
       ->transform(integer_in(1))
       ->capture_default_str();
+  CLI::Option* parallel =
+      command
+          ->add_option("--parallel", options->parallel,
+                       "Instead of ppN and tgN, llama-batched-bench's test for each B of this comma-separated list: B "
+                       "sequences' prompts as one batch, then their tokens decoded together")
+          ->delimiter(',')
+          ->transform(integer_in<int64_t>(1, kMaxParallel));
+  command
+      ->add_option("-c,--ctx", options->engine.context,
+                   "KV cache positions the --parallel sequences share (default: every sequence of the largest B "
+                   "at once; fewer preempt some)")
+      ->transform(integer_in<int64_t>(1))
+      ->needs(parallel);
   add_threads_option(*command, options->engine.threads, "one per physical core");
   command->add_flag("--json", options->json, "Print one JSON object instead of the table");
   add_device_options(*command, options->engine);
-  command->callback([options] { bench(*options); });
+  command->callback([options, prompt] {
+    if (!options->parallel.empty() && prompt->count() == 0) options->prompt_tokens = kParallelPromptTokens;
+    bench(*options);
+  });
 }
 
 }  // namespace rf::cli

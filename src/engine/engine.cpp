@@ -53,6 +53,7 @@ class SplitForwardPass final : public model::ForwardPass {
     gpu_.truncate(kept);
   }
   int64_t context() const override { return gpu_.context(); }
+  int64_t max_batch() const override { return gpu_.max_batch(); }
   int threads() { return cpu_.pool().size(); }
 
  private:
@@ -94,6 +95,7 @@ cpu::TransformerOptions cpu_options(const EngineOptions& options, int64_t contex
   cpu::TransformerOptions transformer_options;
   transformer_options.threads = options.threads;
   transformer_options.context = context;
+  if (options.paged) transformer_options.kv_blocks = (context + model::kKvBlockPositions - 1) / model::kKvBlockPositions;
   transformer_options.layers = layers;
   transformer_options.float_activations = options.float_activations;
   return transformer_options;
@@ -146,6 +148,7 @@ void Engine::load(const EngineOptions& options, Clock::time_point start) {
   // The GPU transformer checks that weights, KV cache and activations fit before anything is uploaded, then
   // streams the weights in while the first tokens are computed (each layer waits for its own).
   if (device_ == Device::Gpu) {
+    if (options.paged) fail("the GPU backend has no paged KV cache for batches of sequences yet: use --device cpu");
     const gpu::TransformerOptions gpu_options{.context = options.context,
                                               .float_activations = options.float_activations};
     device_name_ = gpu::device_info().name;

@@ -39,6 +39,9 @@ struct EngineOptions {
   // Products take activations in floating point instead of 8-bit blocks, as llama.cpp computes on an F32 copy
   // of the weights: for comparisons with such references (cpu::TransformerOptions::float_activations); slower.
   bool float_activations = false;
+  // The KV cache is a pool of `context` positions in blocks (model::kKvBlockPositions) that a Scheduler shares
+  // among many sequences; the single-sequence calls (evaluate, generate, ...) are then rf::Errors. CPU only so far.
+  bool paged = false;
 };
 
 // What Engine::generate did: the sequence's output, why it finished, and the timings.
@@ -85,6 +88,8 @@ class Engine {
   const model::ExecutionPlan& plan() const { return *plan_; }
   const gguf::File& file() const { return *file_; }
   int64_t context() const;
+  // The forward pass, for a Scheduler: one thread at a time may use it.
+  model::ForwardPass& forward_pass() { return *forward_pass_; }
   // Where the forward pass runs (Cpu or Gpu, never Auto), and its name: "CPU" or the GPU's, e.g. "NVIDIA H200"
   // (with "+ CPU" where the first layers run on the CPU).
   Device device() const { return device_; }

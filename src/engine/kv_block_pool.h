@@ -22,17 +22,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "model/forward_pass.h"
+
 namespace rf::engine {
 
 using SequenceId = int64_t;
-using BlockId = int32_t;
-
-// The positions a block holds so far, to be copied (keys and values of every layer) into a fresh block.
-struct BlockCopy {
-  BlockId source;
-  BlockId destination;
-  bool operator==(const BlockCopy&) const = default;
-};
+using model::BlockCopy;
+using model::BlockId;
 
 // The hash of a full block's tokens chained with `parent`, the hash of the blocks before it (0 for the first).
 using BlockHasher = uint64_t (*)(uint64_t parent, std::span<const int32_t> tokens);
@@ -53,7 +49,7 @@ class KvBlockPool {
   };
 
   // `hasher`: hash_block; tests pass weak ones to provoke collisions.
-  explicit KvBlockPool(int64_t blocks, int64_t block_positions = 16, BlockHasher hasher = hash_block);
+  explicit KvBlockPool(int64_t blocks, int64_t block_positions = model::kKvBlockPositions, BlockHasher hasher = hash_block);
 
   int64_t blocks() const { return static_cast<int64_t>(blocks_.size()); }
   int64_t block_positions() const { return block_positions_; }

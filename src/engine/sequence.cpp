@@ -40,9 +40,9 @@ Step Sequence::step(std::span<const float> logits, bool context_full) {
   return step;
 }
 
-Step Sequence::cancel() {
+Step Sequence::cancel(FinishReason reason) {
   Step step;
-  if (!finished()) finish(step, FinishReason::Cancelled);
+  if (!finished()) finish(step, reason);
   return step;
 }
 

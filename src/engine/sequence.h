@@ -35,6 +35,7 @@ enum class FinishReason {
   Length,           // max_tokens were generated
   ContextFull,      // no position is left to evaluate the last token chosen
   Cancelled,        // Sequence::cancel()
+  Deadline,         // the request's deadline passed (Sequence::cancel(FinishReason::Deadline))
 };
 
 // What one step of a sequence did.
@@ -60,9 +61,9 @@ class Sequence {
   // `context_full`: no position is left to evaluate the token chosen now, so it is the last one. Calling it
   // after the sequence has finished is an rf::Error.
   Step step(std::span<const float> logits, bool context_full);
-  // Finishes the sequence between steps (Cancelled); returns a step without a token that brings the text held
-  // back. Changes nothing, and returns an empty step, when the sequence has finished already.
-  Step cancel();
+  // Finishes the sequence between steps (Cancelled or Deadline); returns a step without a token that brings the text
+  // held back. Changes nothing, and returns an empty step, when the sequence has finished already.
+  Step cancel(FinishReason reason = FinishReason::Cancelled);
 
   bool finished() const { return finish_.has_value(); }
   std::optional<FinishReason> finish_reason() const { return finish_; }

@@ -18,7 +18,7 @@ namespace {
 // the model has no such layers or a ring would not be shorter than the context. Layer 0 slides whenever any layer
 // does (l % pattern < pattern - 1 holds for l = 0 first).
 int64_t ring_rows(const ModelConfig& config, int64_t context, int64_t max_batch) {
-  const int64_t rows = config.sliding_window + max_batch;
+  const int64_t rows = (config.sliding_window + max_batch + kKvBlockPositions - 1) / kKvBlockPositions * kKvBlockPositions;
   return config.sliding(0) && rows < context ? rows : 0;
 }
 
@@ -44,6 +44,36 @@ void check_positions(const ModelConfig& config, int64_t n, int64_t position, int
     fail("{} tokens at position {} do not fit in the context of {} positions", n, position, context);
   if (config.arch->positions == Positions::Learned && position + n > config.context_length)
     fail("{} tokens at position {} pass the model's {} learned positions", n, position, config.context_length);
+}
+
+std::span<const float> ForwardPass::forward(std::span<const BatchSequence>, std::span<const BlockCopy>) {
+  fail("this forward pass keeps one sequence's KV cache: batches of sequences need a paged one (kv_blocks)");
+}
+
+void check_batch(const ModelConfig& config, std::span<const BatchSequence> batch, std::span<const BlockCopy> copies,
+                 int64_t kv_blocks) {
+  const auto check_block = [kv_blocks](BlockId block) {
+    if (block < 0 || block >= kv_blocks) fail("block {} is outside the pool of {} blocks", block, kv_blocks);
+  };
+  for (const BlockCopy& copy : copies) {
+    check_block(copy.source);
+    check_block(copy.destination);
+  }
+  if (batch.empty()) fail("forward: an empty batch");
+  for (const BatchSequence& sequence : batch) {
+    const auto n = static_cast<int64_t>(sequence.tokens.size());
+    if (n == 0) fail("forward: a sequence of the batch has no tokens");
+    if (sequence.position < 0) fail("forward: position {} is negative", sequence.position);
+    const int64_t end = sequence.position + n;
+    if (static_cast<int64_t>(sequence.blocks.size()) * kKvBlockPositions < end)
+      fail("forward: a block table of {} blocks does not hold positions up to {}", sequence.blocks.size(), end - 1);
+    if (config.arch->positions == Positions::Learned && end > config.context_length)
+      fail("{} tokens at position {} pass the model's {} learned positions", n, sequence.position,
+           config.context_length);
+    check_tokens(config, sequence.tokens);
+    for (int64_t b = 0; b < (end + kKvBlockPositions - 1) / kKvBlockPositions; ++b)
+      check_block(sequence.blocks[static_cast<size_t>(b)]);
+  }
 }
 
 void check_kept(int64_t position, int64_t kept) {

@@ -12,6 +12,29 @@ namespace rf::model {
 enum class Logits {
   Last,  // of the last token only (generation)
   All,   // of every token, row by row (evaluation, perplexity)
+  None,  // none: a chunk of a prompt that later chunks continue (batches only)
+};
+
+// A paged KV cache (engine::KvBlockPool decides which block holds what) keeps a sequence's position p in block
+// table[p / kKvBlockPositions] of its block table, slot p % kKvBlockPositions; the blocks of every layer share ids.
+constexpr int64_t kKvBlockPositions = 16;
+using BlockId = int32_t;
+
+// A block whose keys and values (of every layer) are copied into another before a batch writes (copy on write).
+struct BlockCopy {
+  BlockId source;
+  BlockId destination;
+  bool operator==(const BlockCopy&) const = default;
+};
+
+// One sequence's part of a batch: `tokens` at positions position, position + 1, ..., whose keys and values the pass
+// writes into the blocks of `blocks` (the sequence's block table, covering every position up to the last token's),
+// and whose queries see the positions before them there.
+struct BatchSequence {
+  std::span<const int32_t> tokens;
+  int64_t position = 0;
+  std::span<const BlockId> blocks;
+  Logits logits = Logits::Last;
 };
 
 class ForwardPass {
@@ -30,7 +53,21 @@ class ForwardPass {
   // a caller continues from cached(), not from `positions`.
   virtual void truncate(int64_t positions) = 0;
   virtual int64_t context() const = 0;  // positions the KV cache holds at most
+
+  // A pass constructed with a paged KV cache of kv_blocks() > 0 blocks evaluates batches of many sequences instead
+  // (the single-sequence calls above are then rf::Errors): first the copies, in order, then every sequence's tokens
+  // in one pass per max_batch() tokens, each weight read once per pass. Returns the logits each sequence asks for,
+  // in the batch's order (Last: one row, All: one per token, None: none); valid until the next call. A token out
+  // of range, a block id outside the pool, a table too short for its positions, or positions past the model's
+  // learned ones are rf::Errors raised before anything is computed.
+  virtual std::span<const float> forward(std::span<const BatchSequence> batch, std::span<const BlockCopy> copies);
+  virtual int64_t kv_blocks() const { return 0; }
+  virtual int64_t max_batch() const = 0;  // tokens per pass
 };
+
+// An rf::Error naming what in a batch for a pool of `kv_blocks` blocks is wrong (ForwardPass::forward's checks).
+void check_batch(const ModelConfig& config, std::span<const BatchSequence> batch, std::span<const BlockCopy> copies,
+                 int64_t kv_blocks);
 
 // An rf::Error naming a token id outside the vocabulary.
 void check_tokens(const ModelConfig& config, std::span<const int32_t> tokens);
@@ -42,6 +79,7 @@ void check_positions(const ModelConfig& config, int64_t n, int64_t position, int
 // A sliding-window layer keeps a ring of sliding_window + max_batch rows (position p in row p % rows: every query of
 // a pass still finds its whole window after the pass stored its own keys) where that is fewer than `context`; every
 // other layer keeps a row for each position.
+// Ring rows are whole blocks of kKvBlockPositions, so that a ring is a block table that wraps.
 int64_t kv_cache_rows(const ModelConfig& config, int64_t layer, int64_t context, int64_t max_batch);
 // What such a cache still holds when truncated to `positions`, having stored positions below `written` since it was
 // last empty: `positions`, or 0 where a ring has overwritten keys that the next query sees. A ring of `rows` rows

@@ -546,9 +546,10 @@ class AttentionCheck {
       for (int64_t h = 0; h < c_.n_heads; ++h) {
         const int64_t kv_offset = h / (c_.n_heads / c_.n_kv_heads) * c_.head_dim;
         const int64_t offset = t * q_dim + h * c_.head_dim;
+        const cpu::RowRange seen{0, position + t + 1};
         cpu::attend(&expected[offset], &q_cpu[offset], keys_cpu.data() + kv_offset, values_cpu.data() + kv_offset,
-                    0, position + t + 1, context_, kv_dim, c_.head_dim,
-                    1.0f / std::sqrt(static_cast<float>(c_.head_dim)), 0.0f, scores.data());
+                    {&seen, 1}, kv_dim, c_.head_dim, 1.0f / std::sqrt(static_cast<float>(c_.head_dim)), 0.0f,
+                    scores.data());
       }
 
     // GPU.

@@ -158,8 +158,9 @@ TEST(OpsTest, AttentionF32AndF16MatchNaive) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
   const std::vector<double> expected = naive_attention(q, keys, values, kPositions, kStride, kDim, scale);
   std::vector<float> out(kDim), scores(kPositions);
-  cpu::attend(out.data(), q.data(), keys.data(), values.data(), 0, kPositions, kPositions, kStride, kDim,
-              static_cast<float>(scale), 0.0f, scores.data());
+  const cpu::RowRange all{0, kPositions};
+  cpu::attend(out.data(), q.data(), keys.data(), values.data(), {&all, 1}, kStride, kDim, static_cast<float>(scale),
+              0.0f, scores.data());
   for (int64_t d = 0; d < kDim; ++d) EXPECT_NEAR(out[d], expected[d], 1e-5);
 
   // The f16 cache holds rounded keys and values: compare with the naive result on those.
@@ -168,29 +169,33 @@ TEST(OpsTest, AttentionF32AndF16MatchNaive) {
     values[i] = fp16_to_fp32(values16[i]);
   }
   const std::vector<double> expected16 = naive_attention(q, keys, values, kPositions, kStride, kDim, scale);
-  cpu::attend(out.data(), q.data(), keys16.data(), values16.data(), 0, kPositions, kPositions, kStride, kDim,
-              static_cast<float>(scale), 0.0f, scores.data());
+  cpu::attend(out.data(), q.data(), keys16.data(), values16.data(), {&all, 1}, kStride, kDim, static_cast<float>(scale),
+              0.0f, scores.data());
   for (int64_t d = 0; d < kDim; ++d) EXPECT_NEAR(out[d], expected16[d], 1e-5);
 }
 
-// The positions in a ring (a sliding-window layer's cache) that wraps past its last row: the same output, bit for
-// bit, as the same rows laid out from row 0.
-TEST(OpsTest, AttentionOverARingEqualsTheRowsInOrder) {
-  constexpr int64_t kDim = 16, kStride = 32, kPositions = 11, kRows = 14, kFirst = 9;
+// Positions scattered over several ranges of rows, out of order (a ring that wraps past its last row, a paged
+// block table): the same output, bit for bit, as the same rows laid out in order from row 0.
+TEST(OpsTest, AttentionOverRangesEqualsTheRowsInOrder) {
+  constexpr int64_t kDim = 16, kStride = 32, kPositions = 11, kRows = 20;
+  const std::vector<cpu::RowRange> ranges = {{16, 3}, {2, 5}, {9, 1}, {0, 2}};
   const std::vector<float> q = test::random_normal(kDim, 15);
   const std::vector<float> keys = test::random_normal(kPositions * kStride, 16);
   const std::vector<float> values = test::random_normal(kPositions * kStride, 17);
-  std::vector<float> ring_keys = test::random_normal(kRows * kStride, 18), ring_values = ring_keys;
-  for (int64_t j = 0; j < kPositions; ++j) {
-    const int64_t row = (kFirst + j) % kRows;
-    std::copy_n(&keys[j * kStride], kStride, &ring_keys[row * kStride]);
-    std::copy_n(&values[j * kStride], kStride, &ring_values[row * kStride]);
-  }
+  std::vector<float> scattered_keys = test::random_normal(kRows * kStride, 18), scattered_values = scattered_keys;
+  int64_t j = 0;
+  for (const cpu::RowRange& range : ranges)
+    for (int64_t row = range.first; row < range.first + range.count; ++row, ++j) {
+      std::copy_n(&keys[j * kStride], kStride, &scattered_keys[row * kStride]);
+      std::copy_n(&values[j * kStride], kStride, &scattered_values[row * kStride]);
+    }
+  ASSERT_EQ(j, kPositions);
   std::vector<float> expected(kDim), out(kDim), scores(kPositions);
-  cpu::attend(expected.data(), q.data(), keys.data(), values.data(), 0, kPositions, kPositions, kStride, kDim, 0.25f,
-              5.0f, scores.data());
-  cpu::attend(out.data(), q.data(), ring_keys.data(), ring_values.data(), kFirst, kPositions, kRows, kStride, kDim,
-              0.25f, 5.0f, scores.data());
+  const cpu::RowRange in_order{0, kPositions};
+  cpu::attend(expected.data(), q.data(), keys.data(), values.data(), {&in_order, 1}, kStride, kDim, 0.25f, 5.0f,
+              scores.data());
+  cpu::attend(out.data(), q.data(), scattered_keys.data(), scattered_values.data(), ranges, kStride, kDim, 0.25f, 5.0f,
+              scores.data());
   EXPECT_EQ(out, expected);
 }
 

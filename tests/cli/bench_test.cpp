@@ -1,4 +1,4 @@
-// `rocmforge bench --json`: one object with the fields tools read.
+// `rocmforge bench --json`: one object with the fields tools read; `bench --parallel`, llama-batched-bench's rows.
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_run.h"
@@ -35,6 +35,60 @@ TEST_F(BenchTest, Table) {
   EXPECT_NE(out.find("pp16"), std::string::npos) << out;
   EXPECT_NE(out.find("tg4"), std::string::npos) << out;
   EXPECT_NE(out.find("first token"), std::string::npos) << out;
+}
+
+TEST_F(BenchTest, ParallelJsonHasARowPerBatch) {
+  const RunResult result =
+      run("bench -m '" + model_path("stories260K.gguf") + "' --parallel 1,4 -p 16 -n 8 -r 1 --device cpu --json");
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_EQ(result.err, "");
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  for (const char* key : {"model", "size_bytes", "params", "backend", "threads", "kv_positions"})
+    EXPECT_TRUE(json.contains(key)) << key;
+  EXPECT_EQ(json.at("backend"), "CPU");
+  const nlohmann::json& rows = json.at("parallel");
+  ASSERT_EQ(rows.size(), 2u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const nlohmann::json& row = rows[i];
+    const int64_t sequences = i == 0 ? 1 : 4;
+    EXPECT_EQ(row.at("pl"), sequences);
+    EXPECT_EQ(row.at("pp"), 16);
+    EXPECT_EQ(row.at("tg"), 8);
+    EXPECT_EQ(row.at("n_kv"), sequences * (16 + 8));
+    for (const char* key : {"speed_pp", "speed_tg", "speed", "t_pp", "t_tg"})
+      EXPECT_GT(row.at(key).get<double>(), 0.0) << key;
+    EXPECT_DOUBLE_EQ(row.at("t").get<double>(), row.at("t_pp").get<double>() + row.at("t_tg").get<double>());
+  }
+  // Every sequence of the largest row fits at once: 4 sequences of 24 positions in blocks of 16.
+  EXPECT_EQ(json.at("kv_positions"), 4 * 32);
+}
+
+TEST_F(BenchTest, ParallelTable) {
+  const std::string out = run_ok("bench -m '" + model_path("stories260K.gguf") + "' --parallel 2 -p 8 -n 4 -r 1");
+  EXPECT_NE(out.find("|     PP |     TG |    B |   N_KV |"), std::string::npos) << out;
+  EXPECT_NE(out.find("|      8 |      4 |    2 |     24 |"), std::string::npos) << out;
+}
+
+TEST_F(BenchTest, ParallelRefusesBadListsAndSizes) {
+  const std::string bench = "bench -m '" + model_path("stories260K.gguf") + "' ";
+  const std::string range = "--parallel: must be an integer in [1, 1024], got ";
+  expect_error(bench + "--parallel 0", range + "0");
+  expect_error(bench + "--parallel x", range + "x");
+  expect_error(bench + "--parallel 1,2000", range + "2000");
+  expect_error(bench + "--parallel 2 -p 0", "--parallel needs prompts of at least one token");
+  expect_error(bench + "--parallel 2 -p 2000 -n 100", "a sequence of -p 2000 + -n 100 positions is more than");
+  expect_error(bench + "--parallel 2 -p 16 -n 8 --ctx 20", "--ctx 20 cannot hold a sequence of -p 16 + -n 8");
+  expect_error(bench + "--ctx 64", "--ctx requires --parallel");
+}
+
+// A KV cache too small for every sequence at once preempts some, says so, and still measures every row.
+TEST_F(BenchTest, ParallelWithASmallContextPreempts) {
+  const RunResult result =
+      run("bench -m '" + model_path("stories260K.gguf") + "' --parallel 4 -p 16 -n 8 -r 1 --ctx 64 --json");
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_NE(result.err.find("preempted"), std::string::npos) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  EXPECT_GT(json.at("parallel").at(0).at("speed_tg").get<double>(), 0.0);
 }
 
 }  // namespace

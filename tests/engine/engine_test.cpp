@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "error_of.h"
+#include "greedy.h"
 #include "reference.h"
 #include "test_paths.h"
 #include "tokenizer/tokenizer.h"
@@ -47,12 +48,7 @@ EngineOptions small_context(int64_t context, Device device = Device::Cpu) {
   return options;
 }
 
-GenerationParams greedy(int64_t max_tokens) {
-  GenerationParams params;
-  params.max_tokens = max_tokens;
-  params.sampling.temperature = 0.0f;
-  return params;
-}
+using test::greedy;
 
 bool keep_going(const Step&) { return true; }
 

@@ -14,6 +14,7 @@
 
 #include "error_of.h"
 #include "gguf/gguf.h"
+#include "greedy.h"
 #include "random_normal.h"
 #include "test_paths.h"
 
@@ -38,12 +39,7 @@ std::vector<float> random_row(uint32_t seed) {
   return test::random_normal(static_cast<size_t>(stories().n_vocab()), seed, 3.0f);
 }
 
-GenerationParams greedy(int64_t max_tokens) {
-  GenerationParams params;
-  params.max_tokens = max_tokens;
-  params.sampling.temperature = 0.0f;
-  return params;
-}
+using test::greedy;
 
 // Token ids of " Once", " upon", " a", " time": pieces without multi-byte characters.
 struct Words {

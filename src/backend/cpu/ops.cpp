@@ -184,20 +184,24 @@ void rope(float* heads, int64_t n_heads, int64_t head_dim, const float* cos_sin,
 }
 
 template <typename KvElement>
-void attend(float* out, const float* q, const KvElement* keys, const KvElement* values, int64_t first,
-            int64_t n_positions, int64_t rows, int64_t stride, int64_t head_dim, float scale, float cap,
-            float* scores) {
-  const auto row_start = [=](int64_t j) { return (first + j < rows ? first + j : first + j - rows) * stride; };
-  for (int64_t j = 0; j < n_positions; ++j) scores[j] = scale * dot(q, keys + row_start(j), head_dim);
-  if (cap > 0.0f) soft_cap(scores, n_positions, cap);
-  softmax(scores, n_positions);
+void attend(float* out, const float* q, const KvElement* keys, const KvElement* values,
+            std::span<const RowRange> ranges, int64_t stride, int64_t head_dim, float scale, float cap, float* scores) {
+  int64_t n = 0;
+  for (const RowRange& range : ranges)
+    for (int64_t row = range.first; row < range.first + range.count; ++row)
+      scores[n++] = scale * dot(q, keys + row * stride, head_dim);
+  if (cap > 0.0f) soft_cap(scores, n, cap);
+  softmax(scores, n);
   std::fill(out, out + head_dim, 0.0f);
-  for (int64_t j = 0; j < n_positions; ++j) add_scaled(out, scores[j], values + row_start(j), head_dim);
+  n = 0;
+  for (const RowRange& range : ranges)
+    for (int64_t row = range.first; row < range.first + range.count; ++row)
+      add_scaled(out, scores[n++], values + row * stride, head_dim);
 }
 
-template void attend<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t,
+template void attend<float>(float*, const float*, const float*, const float*, std::span<const RowRange>, int64_t,
                             int64_t, float, float, float*);
-template void attend<uint16_t>(float*, const float*, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t,
+template void attend<uint16_t>(float*, const float*, const uint16_t*, const uint16_t*, std::span<const RowRange>,
                                int64_t, int64_t, float, float, float*);
 
 }  // namespace rf::cpu

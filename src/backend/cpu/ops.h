@@ -44,14 +44,20 @@ void rope_angles(float* cos_sin, int64_t position, std::span<const double> inver
 void rope(float* heads, int64_t n_heads, int64_t head_dim, const float* cos_sin, int64_t n_pairs,
           model::RopeStyle style);
 
-// One query head attending over `n_positions` cached positions of its key/value head:
+// Rows [first, first + count) of a layer's KV cache.
+struct RowRange {
+  int64_t first;
+  int64_t count;
+  bool operator==(const RowRange&) const = default;
+};
+
+// One query head attending over the cached positions in `ranges` (oldest first; a ring wraps into two, a paged
+// block table gives one per run of consecutive blocks) of its key/value head:
 // out = softmax(s_j) weighted sum of v_j, s_j = scale * q . k_j, soft-capped where cap > 0. Keys and values are
-// f32 or f16 (uint16_t) rows of `head_dim` values, `stride` elements apart, in a ring of `rows` rows: position j is
-// row first + j, continuing at row 0 after the last (first < rows, n_positions <= rows). `scores` holds n_positions
-// floats of scratch.
+// f32 or f16 (uint16_t) rows of `head_dim` values, `stride` elements apart. `scores` holds a float of scratch per
+// position.
 template <typename KvElement>
-void attend(float* out, const float* q, const KvElement* keys, const KvElement* values, int64_t first,
-            int64_t n_positions, int64_t rows, int64_t stride, int64_t head_dim, float scale, float cap,
-            float* scores);
+void attend(float* out, const float* q, const KvElement* keys, const KvElement* values,
+            std::span<const RowRange> ranges, int64_t stride, int64_t head_dim, float scale, float cap, float* scores);
 
 }  // namespace rf::cpu

@@ -11,6 +11,12 @@ namespace rf::cpu {
 namespace {
 
 size_t index(int64_t i) { return static_cast<size_t>(i); }
+int64_t count(std::span<const int32_t> tokens) { return static_cast<int64_t>(tokens.size()); }
+
+// The logits rows a sequence of a batch asks for.
+int64_t logits_rows(const model::BatchSequence& sequence) {
+  return sequence.logits == Logits::All ? count(sequence.tokens) : sequence.logits == Logits::Last ? 1 : 0;
+}
 
 }  // namespace
 
@@ -19,11 +25,14 @@ Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOpti
       config_(plan.config()),
       max_batch_(options.max_batch),
       layers_(options.layers > 0 ? options.layers : config_.n_layers),
+      kv_blocks_(options.kv_blocks),
       pool_(options.threads),
-      cache_(config_, options.context > 0 ? options.context : config_.context_length, options.kv_type,
-             options.max_batch),
+      cache_(options.kv_blocks != 0 ? KvCache::paged(config_, options.kv_blocks, options.kv_type)
+                                    : KvCache(config_, options.context > 0 ? options.context : config_.context_length,
+                                              options.kv_type, options.max_batch)),
       input_(options.float_activations) {
   if (layers_ > config_.n_layers) fail("the model has {} layers, not {}", config_.n_layers, layers_);
+  if (max_batch_ <= 0) fail("max_batch must be positive, got {}", max_batch_);
   const float* freq_factors = plan.rope_freqs().f32_values();
   for (const bool sliding : {false, true})
     inverse_frequencies_[sliding] = config_.rope_inverse_frequencies(sliding, freq_factors);
@@ -33,6 +42,7 @@ Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOpti
 void Transformer::reserve_batch(int64_t n) {
   if (n <= batch_capacity_) return;
   batch_capacity_ = n;
+  rows_.resize(index(n));
   const auto rows_of = [n](int64_t width) { return index(n * width); };
   x_.resize(rows_of(config_.n_embd));
   xb_.resize(rows_of(config_.n_embd));
@@ -46,38 +56,90 @@ void Transformer::reserve_batch(int64_t n) {
   for (std::vector<float>& angles : rope_) angles.resize(rows_of(config_.rope_dims));
 }
 
-template <typename Batch>
-void Transformer::run(std::span<const int32_t> tokens, int64_t position, const Batch& batch) {
-  const auto n = static_cast<int64_t>(tokens.size());
-  model::check_positions(config_, n, position, cache_.size(), cache_.capacity());
-  model::check_tokens(config_, tokens);
-
-  cache_.truncate(position);
-  model::check_kept(position, cache_.size());
-  for (int64_t start = 0; start < n; start += max_batch_) batch(start, std::min(max_batch_, n - start));
+void Transformer::check_contiguous() const {
+  if (kv_blocks_ > 0)
+    fail("this forward pass keeps a paged KV cache of {} blocks: it takes batches of sequences", kv_blocks_);
 }
 
-std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int64_t position, Logits which) {
+void Transformer::check_every_layer() const {
   if (layers_ < config_.n_layers)
     fail("this transformer runs {} of the model's {} layers: forward_hidden() gives their output", layers_,
          config_.n_layers);
-  const int64_t vocab = config_.vocab_size;
-  const auto n = static_cast<int64_t>(tokens.size());
-  logits_.resize(index((which == Logits::All ? n : 1) * vocab));
-  run(tokens, position, [&](int64_t start, int64_t count) {
-    const bool last_batch = start + count == n;
-    float* logits = which == Logits::All ? &logits_[index(start * vocab)] : last_batch ? logits_.data() : nullptr;
-    forward_batch(tokens.subspan(index(start), index(count)), position + start, which, logits);
+}
+
+void Transformer::truncate(int64_t positions) {
+  check_contiguous();
+  cache_.truncate(positions);
+}
+
+model::BatchSequence Transformer::continue_at(std::span<const int32_t> tokens, int64_t position, Logits which) {
+  check_contiguous();
+  model::check_positions(config_, count(tokens), position, cache_.size(), cache_.capacity());
+  model::check_tokens(config_, tokens);
+  cache_.truncate(position);
+  model::check_kept(position, cache_.size());
+  return {tokens, position, cache_.contiguous_table(), which};
+}
+
+template <typename Pass>
+void Transformer::in_passes(std::span<const model::BatchSequence> batch, const Pass& pass) {
+  size_t next = 0;   // the sequence to run next
+  int64_t done = 0;  // its tokens that earlier passes ran
+  while (next < batch.size()) {
+    pass_.clear();
+    for (int64_t rows = 0; rows < max_batch_ && next < batch.size();) {
+      const model::BatchSequence& sequence = batch[next];
+      const int64_t n = std::min(max_batch_ - rows, count(sequence.tokens) - done);
+      const bool last = done + n == count(sequence.tokens);
+      pass_.push_back({sequence.tokens.subspan(index(done), index(n)), sequence.position + done, sequence.blocks,
+                       last || sequence.logits == Logits::All ? sequence.logits : Logits::None});
+      rows += n;
+      done = last ? 0 : done + n;
+      next += last;
+    }
+    pass(std::span<const model::BatchSequence>(pass_));
+  }
+}
+
+std::span<const float> Transformer::logits_of(std::span<const model::BatchSequence> batch) {
+  int64_t rows = 0;
+  for (const model::BatchSequence& sequence : batch) rows += logits_rows(sequence);
+  logits_.resize(index(rows * config_.vocab_size));
+  float* logits = logits_.data();
+  in_passes(batch, [&](std::span<const model::BatchSequence> pass) {
+    logits += forward_batch(pass, logits) * config_.vocab_size;
   });
   return logits_;
 }
 
+std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int64_t position, Logits which) {
+  check_every_layer();
+  const model::BatchSequence sequence = continue_at(tokens, position, which);
+  return logits_of({&sequence, 1});
+}
+
+std::span<const float> Transformer::forward(std::span<const model::BatchSequence> batch,
+                                            std::span<const model::BlockCopy> copies) {
+  if (kv_blocks_ == 0) return model::ForwardPass::forward(batch, copies);
+  model::check_batch(config_, batch, copies, kv_blocks_);
+  check_every_layer();
+  // A table for more positions than the pool holds repeats blocks; attention's scratch holds the pool's positions.
+  for (const model::BatchSequence& sequence : batch)
+    if (sequence.position + count(sequence.tokens) > context())
+      fail("{} tokens at position {} pass the {} positions of the KV cache's {} blocks", sequence.tokens.size(),
+           sequence.position, context(), kv_blocks_);
+  for (const model::BlockCopy& copy : copies) cache_.copy_block(copy.source, copy.destination);
+  return logits_of(batch);
+}
+
 std::span<const float> Transformer::forward_hidden(std::span<const int32_t> tokens, int64_t position) {
   const int64_t width = config_.n_embd;
+  const model::BatchSequence sequence = continue_at(tokens, position, Logits::None);
   hidden_.resize(tokens.size() * index(width));
-  run(tokens, position, [&](int64_t start, int64_t count) {
-    forward_batch(tokens.subspan(index(start), index(count)), position + start, Logits::Last, nullptr);
-    std::copy_n(x_.begin(), index(count * width), hidden_.begin() + start * width);
+  float* hidden = hidden_.data();
+  in_passes({&sequence, 1}, [&](std::span<const model::BatchSequence> pass) {
+    forward_batch(pass, nullptr);
+    hidden = std::copy_n(x_.begin(), index(count(pass.front().tokens) * width), hidden);
   });
   return hidden_;
 }
@@ -99,10 +161,14 @@ void Transformer::project(const model::LazyTensor& weight, const model::LazyTens
   if (bias) add_rows(out, bias.f32_values(), input_.rows(), weight.rows());
 }
 
-void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t position, Logits which, float* logits) {
+int64_t Transformer::forward_batch(std::span<const model::BatchSequence> pass, float* logits) {
   const model::ModelConfig& c = config_;
-  const auto n = static_cast<int64_t>(tokens.size());
+  int64_t n = 0;
+  for (const model::BatchSequence& part : pass) n += count(part.tokens);
   reserve_batch(n);
+  Row* next = rows_.data();
+  for (const model::BatchSequence& part : pass)
+    for (int64_t i = 0; i < count(part.tokens); ++i) *next++ = {part.tokens[index(i)], part.position + i, part.blocks};
 
   // Each token's embedding row (scaled, plus its position's learned row where the model says), and the
   // rotation angles of its position.
@@ -110,21 +176,22 @@ void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t positio
   const model::LazyTensor& positions = plan_.position_embd();
   const int tables = c.sliding_layers_rotate_apart() ? 2 : 1;
   for (int64_t t = 0; t < n; ++t) {
+    const Row& row = rows_[index(t)];
     float* x = &x_[index(t * c.n_embd)];
-    const auto* row = static_cast<const uint8_t*>(embeddings.data()) + index(tokens[index(t)]) * embeddings.row_bytes();
-    quant::dequantize(embeddings.type(), row, x, c.n_embd);
+    const auto* embedding = static_cast<const uint8_t*>(embeddings.data()) + index(row.token) * embeddings.row_bytes();
+    quant::dequantize(embeddings.type(), embedding, x, c.n_embd);
     if (c.embedding_scale != 1.0f)
       for (int64_t i = 0; i < c.n_embd; ++i) x[i] *= c.embedding_scale;
     if (positions) {
       // The token's row of delta_, which the layers write later, holds its learned position meanwhile.
       float* learned = &delta_[index(t * c.n_embd)];
-      const auto* stored = static_cast<const uint8_t*>(positions.data()) + index(position + t) * positions.row_bytes();
+      const auto* stored = static_cast<const uint8_t*>(positions.data()) + index(row.position) * positions.row_bytes();
       quant::dequantize(positions.type(), stored, learned, c.n_embd);
       add(x, learned, c.n_embd);
     }
     if (c.rotary())
       for (int table = 0; table < tables; ++table)
-        rope_angles(&rope_[table][index(t * c.rope_dims)], position + t, inverse_frequencies_[table]);
+        rope_angles(&rope_[table][index(t * c.rope_dims)], row.position, inverse_frequencies_[table]);
   }
 
   for (int64_t l = 0; l < layers_; ++l) {
@@ -141,7 +208,7 @@ void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t positio
     // Attention of the normalized stream, added to the residual stream (normalized again after it, where it
     // is a post-norm model).
     normalize(xb_.data(), x_.data(), layer.attn_norm, layer.attn_norm_bias, n);
-    attention_block(l, n, position);
+    attention_block(l, n);
     add_block_output(layer.attn_post_norm);
 
     // The feed-forward network of the stream normalized anew, or of the attention's input where the two run
@@ -150,18 +217,26 @@ void Transformer::forward_batch(std::span<const int32_t> tokens, int64_t positio
     ffn_block(layer, n);
     add_block_output(layer.ffn_post_norm);
   }
-  cache_.mark_filled(position + n);
-  if (!logits) return;
+  if (kv_blocks_ == 0) cache_.mark_filled(rows_[index(n - 1)].position + 1);
 
-  // The final norm and the projection to the vocabulary, for the rows whose logits are wanted.
-  const int64_t first = which == Logits::All ? 0 : n - 1;
-  normalize(xb_.data(), &x_[index(first * c.n_embd)], plan_.output_norm(), plan_.output_norm_bias(), n - first);
-  input_.set(xb_.data(), n - first, c.n_embd);
+  // The final norm and the projection to the vocabulary, for the rows whose logits are wanted, gathered in xb_.
+  int64_t wanted = 0;
+  int64_t end = 0;  // of the part's rows
+  for (const model::BatchSequence& part : pass) {
+    const int64_t rows = logits_rows(part);
+    end += count(part.tokens);
+    normalize(&xb_[index(wanted * c.n_embd)], &x_[index((end - rows) * c.n_embd)], plan_.output_norm(),
+              plan_.output_norm_bias(), rows);
+    wanted += rows;
+  }
+  if (wanted == 0) return 0;
+  input_.set(xb_.data(), wanted, c.n_embd);
   project(plan_.output(), plan_.output_bias(), logits);
-  if (c.logits_cap > 0.0f) soft_cap(logits, (n - first) * c.vocab_size, c.logits_cap);
+  if (c.logits_cap > 0.0f) soft_cap(logits, wanted * c.vocab_size, c.logits_cap);
+  return wanted;
 }
 
-void Transformer::attention_block(int64_t l, int64_t n, int64_t position) {
+void Transformer::attention_block(int64_t l, int64_t n) {
   const model::ModelConfig& c = config_;
   const model::LayerPlan& layer = plan_.layer(l);
   input_.set(xb_.data(), n, c.n_embd);
@@ -189,9 +264,10 @@ void Transformer::attention_block(int64_t l, int64_t n, int64_t position) {
       rope(q, c.n_heads, c.head_dim, cos_sin, c.rope_dims / 2, c.rope_style);
       rope(k, c.n_kv_heads, c.head_dim, cos_sin, c.rope_dims / 2, c.rope_style);
     }
-    cache_.store(l, position + t, k, &v_[index(t * c.kv_dim())]);
+    const Row& row = rows_[index(t)];
+    cache_.store(l, cache_.row(l, row.blocks, row.position), k, &v_[index(t * c.kv_dim())]);
   }
-  attention(l, n, position);
+  attention(l, n);
   input_.set(attn_out_.data(), n, c.q_dim());
   project(layer.attn_output, layer.attn_output_bias, delta_.data());
 }
@@ -218,11 +294,21 @@ void Transformer::ffn_block(const model::LayerPlan& layer, int64_t n) {
   project(layer.ffn_down, layer.ffn_down_bias, delta_.data());
 }
 
-void Transformer::attention(int64_t layer, int64_t n, int64_t position) {
+void Transformer::attention(int64_t layer, int64_t n) {
   const model::ModelConfig& c = config_;
+  // Token t sees its sequence's cached positions up to its own (causal), and on a sliding-window layer only the
+  // last `window` of them: the rows of a ring that may wrap, or of a paged sequence's blocks.
   const int64_t window = c.sliding(layer) ? c.sliding_window : cache_.capacity();
-  // One item per (token, query head); token t sees the cached positions up to its own, position + t (causal),
-  // and on a sliding-window layer only the last `window` of them, which may wrap around the layer's ring.
+  ranges_.clear();
+  range_starts_.clear();
+  for (int64_t t = 0; t < n; ++t) {
+    const Row& row = rows_[index(t)];
+    const int64_t first = std::max<int64_t>(0, row.position + 1 - window);
+    range_starts_.push_back(ranges_.size());
+    cache_.append_rows(layer, row.blocks, first, row.position + 1 - first, ranges_);
+  }
+  range_starts_.push_back(ranges_.size());
+  // One item per (token, query head).
   const auto attend_all = [&](auto kv_element) {
     using KvElement = decltype(kv_element);
     const KvElement* keys = cache_.keys<KvElement>(layer);
@@ -232,12 +318,12 @@ void Transformer::attention(int64_t layer, int64_t n, int64_t position) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t t = item / c.n_heads;
         const int64_t head = item % c.n_heads;
-        const int64_t first = std::max<int64_t>(0, position + t + 1 - window);
+        const size_t first_range = range_starts_[index(t)];
+        const std::span<const RowRange> ranges(&ranges_[first_range], range_starts_[index(t + 1)] - first_range);
         const int64_t kv_offset = head / c.heads_per_kv_head() * c.head_dim;
         const int64_t offset = t * c.q_dim() + head * c.head_dim;
-        attend(&attn_out_[index(offset)], &q_[index(offset)], keys + kv_offset, values + kv_offset,
-               cache_.row(layer, first), position + t + 1 - first, cache_.rows(layer), c.kv_dim(), c.head_dim,
-               c.attention_scale, c.attention_cap, scores);
+        attend(&attn_out_[index(offset)], &q_[index(offset)], keys + kv_offset, values + kv_offset, ranges, c.kv_dim(),
+               c.head_dim, c.attention_scale, c.attention_cap, scores);
       }
     });
   };

@@ -71,7 +71,7 @@ class Transformer final : public model::ForwardPass {
   int64_t cached() const override;
   void truncate(int64_t positions) override;
   int64_t context() const override;
-  int64_t max_batch() const;  // tokens per pass
+  int64_t max_batch() const override;
   // Whether decode steps run the products after each attention as chains (TransformerOptions::chains).
   bool decodes_in_chains() const;
   const model::ModelConfig& config() const;
