@@ -28,12 +28,6 @@ struct ChatOptions {
   engine::GenerationParams generation;
 };
 
-ChatTemplate choose_template(const ChatOptions& options, const Tokenizer& tokenizer) {
-  if (!options.chat_template.empty()) return chat_template_from_name(options.chat_template);
-  if (!tokenizer.chat_template().empty()) return detect_chat_template(tokenizer.chat_template());
-  return ChatTemplate::ChatML;
-}
-
 void say_context_full(int64_t context) {
   fmt::print(stderr, "\nthe context of {} tokens is full: start a new chat (or a larger --ctx) to go on\n", context);
 }
@@ -41,7 +35,7 @@ void say_context_full(int64_t context) {
 void chat(const ChatOptions& options) {
   engine::Engine engine(open_model(options.model, options.engine), options.engine);
   const Tokenizer& tokenizer = engine.tokenizer();
-  const ChatTemplate chat_template = choose_template(options, tokenizer);
+  const ChatTemplate chat_template = choose_chat_template(options.chat_template, tokenizer);
   std::vector<ChatMessage> messages;
   if (!options.system.empty()) messages.push_back({"system", options.system});
 
@@ -78,6 +72,12 @@ void chat(const ChatOptions& options) {
 }
 
 }  // namespace
+
+ChatTemplate choose_chat_template(const std::string& name, const Tokenizer& tokenizer) {
+  if (!name.empty()) return chat_template_from_name(name);
+  if (!tokenizer.chat_template().empty()) return detect_chat_template(tokenizer.chat_template());
+  return ChatTemplate::ChatML;
+}
 
 void add_chat_command(CLI::App& app) {
   auto options = std::make_shared<ChatOptions>();

@@ -40,6 +40,7 @@ constexpr void (*kCommands[])(CLI::App&) = {
     rf::cli::add_tokenize_command,
     rf::cli::add_perplexity_command,
     rf::cli::add_bench_command,
+    rf::cli::add_serve_command,
 };
 
 int report(const std::string& message) {

@@ -148,9 +148,13 @@ void Engine::load(const EngineOptions& options, Clock::time_point start) {
   // The GPU transformer checks that weights, KV cache and activations fit before anything is uploaded, then
   // streams the weights in while the first tokens are computed (each layer waits for its own).
   if (device_ == Device::Gpu) {
-    if (options.paged) fail("the GPU backend has no paged KV cache for batches of sequences yet: use --device cpu");
-    const gpu::TransformerOptions gpu_options{.context = options.context,
-                                              .float_activations = options.float_activations};
+    if (options.paged && first_gpu_layer > 0) fail("paged runs need every layer on the GPU: leave --gpu-layers out");
+    const int64_t context = options.context > 0 ? options.context
+                                                : std::min(plan_->config().context_length, gpu::kDefaultContext);
+    const gpu::TransformerOptions gpu_options{
+        .context = options.context,
+        .float_activations = options.float_activations,
+        .kv_blocks = options.paged ? (context + model::kKvBlockPositions - 1) / model::kKvBlockPositions : 0};
     device_name_ = gpu::device_info().name;
     if (first_gpu_layer == 0) {
       forward_pass_ = std::make_unique<gpu::Transformer>(*plan_, gpu_options);

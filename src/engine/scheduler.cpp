@@ -336,6 +336,11 @@ void Scheduler::advance(Running& sequence, std::span<const float> logits) {
     sequence.first_token = now;
     generation.prompt_seconds = seconds_between(sequence.request->submitted, now);
   }
+  // A request for no tokens (max_tokens 0) has finished before its first step: its prompt is evaluated (and cached).
+  if (sequence.sequence.finished()) {
+    complete(sequence);
+    return;
+  }
   // The token chosen now would be evaluated at position tokens.size().
   const bool context_full = static_cast<int64_t>(sequence.tokens.size()) >= sequence_context_;
   const Step step = sequence.sequence.step(logits, context_full);

@@ -1,8 +1,10 @@
 // What every backend's forward pass offers the engine, and the checks and KV cache layout they share, so that the
 // engine runs a CPU and a GPU transformer through one interface.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "model/config.h"
 
@@ -64,6 +66,38 @@ class ForwardPass {
   virtual int64_t kv_blocks() const { return 0; }
   virtual int64_t max_batch() const = 0;  // tokens per pass
 };
+
+// The logits rows a sequence of a batch asks for: one (Last), one per token (All) or none.
+inline int64_t logits_rows(const BatchSequence& sequence) {
+  const auto tokens = static_cast<int64_t>(sequence.tokens.size());
+  return sequence.logits == Logits::All ? tokens : sequence.logits == Logits::Last ? 1 : 0;
+}
+
+// Cuts `batch` into passes of at most max_batch tokens, its sequences in order, and calls pass(parts) for each: a
+// sequence that does not fit continues in the next pass and asks for its last token's logits in the part that holds
+// it. `parts` is the caller's scratch, kept across calls so that steady decoding allocates nothing.
+template <typename Pass>
+void for_each_pass(std::span<const BatchSequence> batch, int64_t max_batch, std::vector<BatchSequence>& parts,
+                   const Pass& pass) {
+  size_t next = 0;   // the sequence to run next
+  int64_t done = 0;  // its tokens that earlier passes ran
+  while (next < batch.size()) {
+    parts.clear();
+    for (int64_t rows = 0; rows < max_batch && next < batch.size();) {
+      const BatchSequence& sequence = batch[next];
+      const auto tokens = static_cast<int64_t>(sequence.tokens.size());
+      const int64_t n = std::min(max_batch - rows, tokens - done);
+      const bool last = done + n == tokens;
+      parts.push_back({sequence.tokens.subspan(static_cast<size_t>(done), static_cast<size_t>(n)),
+                       sequence.position + done, sequence.blocks,
+                       last || sequence.logits == Logits::All ? sequence.logits : Logits::None});
+      rows += n;
+      done = last ? 0 : done + n;
+      next += last;
+    }
+    pass(std::span<const BatchSequence>(parts));
+  }
+}
 
 // An rf::Error naming what in a batch for a pool of `kv_blocks` blocks is wrong (ForwardPass::forward's checks).
 void check_batch(const ModelConfig& config, std::span<const BatchSequence> batch, std::span<const BlockCopy> copies,

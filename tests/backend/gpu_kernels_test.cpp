@@ -253,10 +253,10 @@ TEST_P(GpuWeightTypes, DequantizeAndEmbedMatchCpu) {
   constexpr int64_t kFirstRow = 2, kRows = 9;
   DeviceBuffer half_rows(static_cast<size_t>(kRows * m.cols) * sizeof(uint16_t), "f16 rows");
   dequantize_to_f16(type, m.view(), m.cols, kFirstRow, kRows, half_rows.as<uint16_t>(), stream());
-  const std::vector<int32_t> step{0, 5, 0, 10};  // position, then three token ids
-  const DeviceBuffer step_device = to_device(step);
+  const std::vector<int32_t> tokens{5, 0, 10};
+  const DeviceBuffer tokens_device = to_device(tokens);
   DeviceBuffer embedded(static_cast<size_t>(3 * m.cols) * sizeof(float), "embeddings");
-  embed_tokens(type, m.view(), m.cols, step_device.as<int32_t>(), 3, embedded.as<float>(), stream());
+  embed_tokens(type, m.view(), m.cols, tokens_device.as<int32_t>(), 3, embedded.as<float>(), stream());
   synchronize();
 
   const std::vector<uint16_t> halves = to_host<uint16_t>(half_rows, static_cast<size_t>(kRows * m.cols));
@@ -268,7 +268,7 @@ TEST_P(GpuWeightTypes, DequantizeAndEmbedMatchCpu) {
   const std::vector<float> rows = to_host<float>(embedded, static_cast<size_t>(3 * m.cols));
   for (int t = 0; t < 3; ++t)
     for (int64_t c = 0; c < m.cols; ++c) {
-      const float expected = m.values[step[1 + t] * m.cols + c];
+      const float expected = m.values[tokens[t] * m.cols + c];
       ASSERT_NEAR(rows[t * m.cols + c], expected, 1e-6 * std::fabs(expected) + 1e-7)
           << tensor_type_name(type) << " token " << t << " column " << c;
     }

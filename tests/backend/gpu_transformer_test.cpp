@@ -248,10 +248,10 @@ void expect_same_rows(const Rows& got, const Rows& expected) {
 }
 
 // Sliding-window layers keep rings of their window and one pass (model::kv_cache_rows), which rope_and_store writes
-// and attention_prompt reads: passes of 1, 2, 3 and 5 tokens wrap rings of 9 to 13 rows many times over the
-// reference's tokens, and give the logits of the full layout (passes of up to 64 tokens leave a row for each
-// position) fed the same passes, also token by token through the decode graph; truncation keeps a prefix only while
-// the rings hold the keys that the next query sees.
+// and attention_prompt reads: passes of 1, 2, 3 and 5 tokens wrap rings of 16 rows (a window of 8 and one pass, in
+// whole blocks) twice over the reference's tokens, and give the logits of the full layout (passes of up to 64 tokens
+// leave a row for each position) fed the same passes, also token by token through the decode graph; truncation keeps
+// a prefix only while the rings hold the keys that the next query sees.
 TEST(GpuSlidingWindow, RingGivesTheLogitsOfTheFullLayout) {
   if (!device_available()) GTEST_SKIP() << "no GPU";
   for (const std::string name : {"synth-gemma2-Q4_K_M", "synth-gemma3-Q4_K_M"}) {
@@ -273,16 +273,16 @@ TEST(GpuSlidingWindow, RingGivesTheLogitsOfTheFullLayout) {
     OwnPlan ring(file, {.context = n, .max_batch = 2});
     expect_same_rows(in_passes(ring.transformer, tokens, 0, 0), in_passes(full.transformer, tokens, 0, 0));
 
-    // Rings of 10 rows hold positions 26..35: a query at 34 sees 27..34, one at 30 sees 23..30.
+    // Rings of 16 rows hold positions 20..35: a query at 34 sees 27..34, one at 26 sees 19..26.
     ring.transformer.truncate(34);
     EXPECT_EQ(ring.transformer.cached(), 34);
     const std::vector<int32_t> tail = {5, 77};
     const Rows continued = in_passes(ring.transformer, tail, 34, 0);
     full.transformer.truncate(34);
     expect_same_rows(continued, in_passes(full.transformer, tail, 34, 0));
-    ring.transformer.truncate(30);
+    ring.transformer.truncate(26);
     EXPECT_EQ(ring.transformer.cached(), 0);
-    EXPECT_THROW(ring.transformer.forward(tail, 30), Error);
+    EXPECT_THROW(ring.transformer.forward(tail, 26), Error);
   }
 }
 

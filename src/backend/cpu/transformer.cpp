@@ -13,11 +13,6 @@ namespace {
 size_t index(int64_t i) { return static_cast<size_t>(i); }
 int64_t count(std::span<const int32_t> tokens) { return static_cast<int64_t>(tokens.size()); }
 
-// The logits rows a sequence of a batch asks for.
-int64_t logits_rows(const model::BatchSequence& sequence) {
-  return sequence.logits == Logits::All ? count(sequence.tokens) : sequence.logits == Logits::Last ? 1 : 0;
-}
-
 }  // namespace
 
 Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options)
@@ -81,32 +76,12 @@ model::BatchSequence Transformer::continue_at(std::span<const int32_t> tokens, i
   return {tokens, position, cache_.contiguous_table(), which};
 }
 
-template <typename Pass>
-void Transformer::in_passes(std::span<const model::BatchSequence> batch, const Pass& pass) {
-  size_t next = 0;   // the sequence to run next
-  int64_t done = 0;  // its tokens that earlier passes ran
-  while (next < batch.size()) {
-    pass_.clear();
-    for (int64_t rows = 0; rows < max_batch_ && next < batch.size();) {
-      const model::BatchSequence& sequence = batch[next];
-      const int64_t n = std::min(max_batch_ - rows, count(sequence.tokens) - done);
-      const bool last = done + n == count(sequence.tokens);
-      pass_.push_back({sequence.tokens.subspan(index(done), index(n)), sequence.position + done, sequence.blocks,
-                       last || sequence.logits == Logits::All ? sequence.logits : Logits::None});
-      rows += n;
-      done = last ? 0 : done + n;
-      next += last;
-    }
-    pass(std::span<const model::BatchSequence>(pass_));
-  }
-}
-
 std::span<const float> Transformer::logits_of(std::span<const model::BatchSequence> batch) {
   int64_t rows = 0;
-  for (const model::BatchSequence& sequence : batch) rows += logits_rows(sequence);
+  for (const model::BatchSequence& sequence : batch) rows += model::logits_rows(sequence);
   logits_.resize(index(rows * config_.vocab_size));
   float* logits = logits_.data();
-  in_passes(batch, [&](std::span<const model::BatchSequence> pass) {
+  model::for_each_pass(batch, max_batch_, pass_, [&](std::span<const model::BatchSequence> pass) {
     logits += forward_batch(pass, logits) * config_.vocab_size;
   });
   return logits_;
@@ -137,7 +112,7 @@ std::span<const float> Transformer::forward_hidden(std::span<const int32_t> toke
   const model::BatchSequence sequence = continue_at(tokens, position, Logits::None);
   hidden_.resize(tokens.size() * index(width));
   float* hidden = hidden_.data();
-  in_passes({&sequence, 1}, [&](std::span<const model::BatchSequence> pass) {
+  model::for_each_pass({&sequence, 1}, max_batch_, pass_, [&](std::span<const model::BatchSequence> pass) {
     forward_batch(pass, nullptr);
     hidden = std::copy_n(x_.begin(), index(count(pass.front().tokens) * width), hidden);
   });
@@ -223,7 +198,7 @@ int64_t Transformer::forward_batch(std::span<const model::BatchSequence> pass, f
   int64_t wanted = 0;
   int64_t end = 0;  // of the part's rows
   for (const model::BatchSequence& part : pass) {
-    const int64_t rows = logits_rows(part);
+    const int64_t rows = model::logits_rows(part);
     end += count(part.tokens);
     normalize(&xb_[index(wanted * c.n_embd)], &x_[index((end - rows) * c.n_embd)], plan_.output_norm(),
               plan_.output_norm_bias(), rows);

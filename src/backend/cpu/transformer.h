@@ -68,10 +68,6 @@ class Transformer final : public model::ForwardPass {
   void check_every_layer() const;  // an rf::Error where only the first layers run here (no logits)
   // The sequence of a single-sequence call, after its checks, with the cache truncated to `position`.
   model::BatchSequence continue_at(std::span<const int32_t> tokens, int64_t position, Logits which);
-  // Calls pass(parts) for each pass of at most max_batch tokens of `batch`, its sequences in order: a sequence
-  // that does not fit continues in the next pass, and asks for its last token's logits in the part that has it.
-  template <typename Pass>
-  void in_passes(std::span<const model::BatchSequence> batch, const Pass& pass);
   // The logits `batch` asks for, in logits_, from its passes.
   std::span<const float> logits_of(std::span<const model::BatchSequence> batch);
   // Runs a pass (at most max_batch tokens) through the layers; then writes the logits rows that its parts ask for

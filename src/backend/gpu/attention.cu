@@ -24,13 +24,15 @@
 // On CUDA, heads of 64 and 128 values go on tensor cores (attention_prompt_tensor_core_kernel: 16 tokens of a head a
 // warp, tiles of keys and values shared by a thread block). Otherwise a team of 32 lanes owns one (token, head), keeps
 // the query in shared memory and the output accumulator in registers (lane l has dimensions l, l + 32, ...) and
-// streams over the keys and values the token may see, 32 at a time.
+// streams over the keys and values the token may see, 32 at a time. The tokens of a paged batch (many sequences, each
+// through its block table) take that scalar kernel too, decoding tokens and prompt tokens alike.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
+#include "backend/gpu/pass_rows.cuh"
 #include "backend/gpu/quantize.cuh"
 #include "backend/gpu/rope.cuh"
 
@@ -741,11 +743,12 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   }
 }
 
-template <int kDimsPerLane>
+// `Rows` (pass_rows.cuh): where each token is in its sequence, and which cache row holds a position of it.
+template <int kDimsPerLane, typename Rows>
 __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionShape shape, const float* q,
                                                                     const uint16_t* keys, const uint16_t* values,
-                                                                    int64_t n_tokens, const int32_t* step,
-                                                                    float scale, float* out) {
+                                                                    int64_t n_tokens, Rows rows, float scale,
+                                                                    float* out) {
   start_successor();
   wait_for_predecessor();
   __shared__ float4 q_shared[kTeams][kMaxHeadDim / 4];
@@ -767,10 +770,9 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
   float acc[kDimsPerLane] = {};
   float maximum = -INFINITY;
   float sum = 0.0f;
-  const int64_t positions = step[0] + t + 1;
+  const int64_t positions = rows.position(t) + 1;
   const int64_t start = shape.window > 0 ? max(positions - shape.window, int64_t{0}) : 0;
-  // Where position p is in the cache: row p, or p % ring in a ring.
-  const auto row_of = [&](int64_t p) { return shape.ring > 0 ? p % shape.ring : p; };
+  const auto row_of = [&](int64_t p) { return rows.row(t, p); };
   // 32 keys per step, one per lane: lane k scores key first + k on its own (the query is in shared memory,
   // the key row is read 16 bytes at a time), the team takes the step's maximum and sum, and then every lane
   // accumulates the weighted values of the 32 keys for its dimensions (l, l + 32, ...).
@@ -1001,6 +1003,26 @@ __global__ void __launch_bounds__(kPromptWarps * kTeam) attention_prompt_tensor_
 }
 #endif
 
+// attention_prompt_kernel over n tokens where `rows` says, with as many values a lane as the head needs.
+template <typename Rows>
+void launch_attention_scalar(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
+                             const uint16_t* value_cache, int64_t n_tokens, const Rows& rows, float* out,
+                             gpuStream_t stream) {
+  const auto blocks = static_cast<unsigned>((n_tokens * shape.n_heads + kTeams - 1) / kTeams);
+  const auto run = [&]<int kDimsPerLane>() {
+    launch_overlapped("attention_prompt", attention_prompt_kernel<kDimsPerLane, Rows>, blocks, kThreads, 0, stream,
+                      shape, q, key_cache, value_cache, n_tokens, rows, shape.scale, out);
+  };
+  if (shape.head_dim <= 32)
+    run.template operator()<1>();
+  else if (shape.head_dim <= 64)
+    run.template operator()<2>();
+  else if (shape.head_dim <= 128)
+    run.template operator()<4>();
+  else
+    run.template operator()<8>();
+}
+
 // Query heads a decode thread block takes (a part): a divisor of the kv head's group, the fewest whose outputs fill
 // whole quantization blocks `quantized` values long (so that the part's blocks quantize them alone) and whose heads
 // still give every lane of a team a piece of each row; else, where two kv heads' rows fit the threads' stores, as
@@ -1105,14 +1127,13 @@ bool attention_prompt_rounds_to_f16(const AttentionShape& shape) {
 void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
                       const uint16_t* value_cache, int64_t n_tokens, const int32_t* step, float* out,
                       gpuStream_t stream) {
-  const float scale = shape.scale;
 #if !defined(ROCMFORGE_GPU_HIP)
   if (attention_prompt_rounds_to_f16(shape)) {
     const dim3 grid(static_cast<unsigned>((n_tokens + kPromptTileTokens - 1) / kPromptTileTokens),
                     static_cast<unsigned>(shape.n_heads));
     const auto run = [&]<int kHeadDim>() {
       launch_overlapped("attention_prompt", attention_prompt_tensor_core_kernel<kHeadDim>, grid, kPromptWarps * kTeam,
-                        0, stream, shape, q, key_cache, value_cache, n_tokens, step, scale, out);
+                        0, stream, shape, q, key_cache, value_cache, n_tokens, step, shape.scale, out);
     };
     if (shape.head_dim == 64)
       run.template operator()<64>();
@@ -1121,19 +1142,13 @@ void attention_prompt(const AttentionShape& shape, const float* q, const uint16_
     return;
   }
 #endif
-  const auto blocks = static_cast<unsigned>((n_tokens * shape.n_heads + kTeams - 1) / kTeams);
-  const auto run = [&]<int kDimsPerLane>() {
-    launch_overlapped("attention_prompt", attention_prompt_kernel<kDimsPerLane>, blocks, kThreads, 0, stream, shape, q,
-                      key_cache, value_cache, n_tokens, step, scale, out);
-  };
-  if (shape.head_dim <= 32)
-    run.template operator()<1>();
-  else if (shape.head_dim <= 64)
-    run.template operator()<2>();
-  else if (shape.head_dim <= 128)
-    run.template operator()<4>();
-  else
-    run.template operator()<8>();
+  launch_attention_scalar(shape, q, key_cache, value_cache, n_tokens, SequenceRows{step, shape.ring}, out, stream);
+}
+
+void attention_paged(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
+                     const uint16_t* value_cache, int64_t n_tokens, const PagedRows& rows, float* out,
+                     gpuStream_t stream) {
+  launch_attention_scalar(shape, q, key_cache, value_cache, n_tokens, PagedBatchRows{rows}, out, stream);
 }
 
 }  // namespace rf::gpu

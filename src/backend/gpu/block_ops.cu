@@ -1,11 +1,12 @@
 // The small steps that some architectures add to the llama block: LayerNorm, biases, per-head q/k norms, post-norms'
 // residual adds, soft-capping, and scaled or position-embedded inputs. Each is one plain launch; the llama block
-// needs none of them.
+// needs none of them. Also the gathering of the rows of a paged pass whose logits are wanted.
 #include <algorithm>
 #include <utility>
 
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
+#include "backend/gpu/pass_rows.cuh"
 #include "backend/gpu/quantize.cuh"
 
 namespace rf::gpu {
@@ -115,23 +116,46 @@ __global__ void __launch_bounds__(kThreads) soft_cap_kernel(float* x, int64_t n,
   if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
-template <typename Position>
+// `Rows` (pass_rows.cuh): the position of each token.
+template <typename Position, typename Rows>
 __global__ void __launch_bounds__(kThreads) scale_and_position_kernel(float* x, int64_t n_tokens, int64_t cols,
                                                                       float scale, const Position* positions,
-                                                                      const int32_t* step) {
+                                                                      Rows rows) {
   start_successor();
   wait_for_predecessor();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n_tokens * cols) return;
   float value = x[i] * scale;
   if (positions) {
-    const Position learned = positions[(step[0] + i / cols) * cols + i % cols];
+    const Position learned = positions[rows.position(i / cols) * cols + i % cols];
     if constexpr (sizeof(Position) == 2)
       value += half_to_float(learned);
     else
       value += learned;
   }
   x[i] = value;
+}
+
+__global__ void __launch_bounds__(kThreads) gather_rows_kernel(const float* x, const int32_t* rows, int64_t n,
+                                                               int64_t cols, float* out) {
+  start_successor();
+  wait_for_predecessor();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n * cols) out[i] = x[rows[i / cols] * cols + i % cols];
+}
+
+template <typename Rows>
+void launch_scale_and_position(float* x, int64_t n_tokens, int64_t cols, float scale, TensorType positions_type,
+                               const void* positions, const Rows& rows, gpuStream_t stream) {
+  const unsigned blocks = blocks_for(n_tokens * cols);
+  if (positions && positions_type == TensorType::F16)
+    launch_overlapped("scale_and_position", scale_and_position_kernel<uint16_t, Rows>, blocks, kThreads, 0, stream, x,
+                      n_tokens, cols, scale, static_cast<const uint16_t*>(positions), rows);
+  else if (!positions || positions_type == TensorType::F32)
+    launch_overlapped("scale_and_position", scale_and_position_kernel<float, Rows>, blocks, kThreads, 0, stream, x,
+                      n_tokens, cols, scale, static_cast<const float*>(positions), rows);
+  else
+    fail_with("scale_and_position: learned positions must be F32 or F16");
 }
 
 }  // namespace
@@ -173,15 +197,18 @@ void soft_cap(float* x, int64_t n, float cap, gpuStream_t stream) {
 
 void scale_and_position(float* x, int64_t n_tokens, int64_t cols, float scale, TensorType positions_type,
                         const void* positions, const int32_t* step, gpuStream_t stream) {
-  const unsigned blocks = blocks_for(n_tokens * cols);
-  if (positions && positions_type == TensorType::F16)
-    launch_overlapped("scale_and_position", scale_and_position_kernel<uint16_t>, blocks, kThreads, 0, stream, x,
-                      n_tokens, cols, scale, static_cast<const uint16_t*>(positions), step);
-  else if (!positions || positions_type == TensorType::F32)
-    launch_overlapped("scale_and_position", scale_and_position_kernel<float>, blocks, kThreads, 0, stream, x,
-                      n_tokens, cols, scale, static_cast<const float*>(positions), step);
-  else
-    fail_with("scale_and_position: learned positions must be F32 or F16");
+  // The ring of SequenceRows is for cache rows, which no learned position needs.
+  launch_scale_and_position(x, n_tokens, cols, scale, positions_type, positions, SequenceRows{step, 0}, stream);
+}
+
+void scale_and_position(float* x, int64_t n_tokens, int64_t cols, float scale, TensorType positions_type,
+                        const void* positions, const PagedRows& rows, gpuStream_t stream) {
+  launch_scale_and_position(x, n_tokens, cols, scale, positions_type, positions, PagedBatchRows{rows}, stream);
+}
+
+void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t cols, float* out, gpuStream_t stream) {
+  launch_overlapped("gather_rows", gather_rows_kernel, blocks_for(n * cols), kThreads, 0, stream, x, rows, n, cols,
+                    out);
 }
 
 }  // namespace rf::gpu

@@ -143,9 +143,9 @@ void dequantize_to_f16(TensorType type, const WeightView& weight, int64_t cols, 
   launch_dequantize(type, weight, cols, nullptr, first_row, n_rows, out, stream);
 }
 
-void embed_tokens(TensorType type, const WeightView& table, int64_t cols, const int32_t* step, int64_t n_tokens,
+void embed_tokens(TensorType type, const WeightView& table, int64_t cols, const int32_t* tokens, int64_t n_tokens,
                   float* out, gpuStream_t stream) {
-  launch_dequantize(type, table, cols, step + 1, 0, n_tokens, out, stream);
+  launch_dequantize(type, table, cols, tokens, 0, n_tokens, out, stream);
 }
 
 void split_block_scales(const uint8_t* raw, int64_t blocks, int block_bytes, int scale_offset, uint8_t* payloads,

@@ -82,8 +82,8 @@ bool matvec_two_types(TensorType type, std::span<const MatvecSegment> segments, 
 void dequantize_to_f16(TensorType type, const WeightView& weight, int64_t cols, int64_t first_row, int64_t n_rows,
                        uint16_t* out, gpuStream_t stream);
 
-// out[t] = row step[1 + t] of an embedding table, as f32, for t < n_tokens.
-void embed_tokens(TensorType type, const WeightView& table, int64_t cols, const int32_t* step, int64_t n_tokens,
+// out[t] = row tokens[t] of an embedding table, as f32, for t < n_tokens.
+void embed_tokens(TensorType type, const WeightView& table, int64_t cols, const int32_t* tokens, int64_t n_tokens,
                   float* out, gpuStream_t stream);
 
 // Moves the half scale at byte scale_offset of each of `blocks` raw blocks of block_bytes to scales[b] and the
@@ -140,6 +140,24 @@ void soft_cap(float* x, int64_t n, float cap, gpuStream_t stream);
 void scale_and_position(float* x, int64_t n_tokens, int64_t cols, float scale, TensorType positions_type,
                         const void* positions, const int32_t* step, gpuStream_t stream);
 
+// Positions a block of a paged KV cache holds (model::kKvBlockPositions).
+constexpr int64_t kKvBlockRows = 16;
+// Where the tokens of a pass over a paged KV cache are, the rows of many sequences: token t is at position
+// positions[t] of its sequence, whose block table starts at blocks + table_starts[t]; that sequence's position p lies
+// in row blocks[table_starts[t] + p / kKvBlockRows] * kKvBlockRows + p % kKvBlockRows of every layer's cache.
+struct PagedRows {
+  const int32_t* positions = nullptr;
+  const int32_t* table_starts = nullptr;
+  const int32_t* blocks = nullptr;
+};
+
+// scale_and_position for the tokens of a paged pass, each with the learned row of its own position.
+void scale_and_position(float* x, int64_t n_tokens, int64_t cols, float scale, TensorType positions_type,
+                        const void* positions, const PagedRows& rows, gpuStream_t stream);
+
+// out[i] = row rows[i] of x, for i < n (rows of cols values).
+void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t cols, float* out, gpuStream_t stream);
+
 // The rotation angles of every position of a context: (cos, sin) of p * inverse_frequencies[i] for p < positions,
 // i < pairs, computed in double precision as the CPU does: cos_sin[2 * (p * pairs + i)] and [.. + 1]. Made once,
 // when the KV cache is allocated, for the kernels below that rotate queries and keys.
@@ -170,6 +188,12 @@ void rope_and_store(const AttentionShape& shape, float* q, float* k, const float
                     int64_t n_tokens, const int32_t* step, uint16_t* key_cache, uint16_t* value_cache,
                     gpuStream_t stream);
 
+// rope_and_store for the tokens of a paged pass: each rotated by the angles of its own position and stored in the
+// row of its sequence's block table (shape.ring is 0: a paged cache keeps every position).
+void rope_and_store(const AttentionShape& shape, float* q, float* k, const float* v, const float* cos_sin,
+                    int64_t n_tokens, const PagedRows& rows, uint16_t* key_cache, uint16_t* value_cache,
+                    gpuStream_t stream);
+
 // Causal attention of n tokens at positions step[0].. over the cached keys and values 0 .. step[0] + t (the last
 // shape.window of them where it is set), scores soft-capped where shape.cap is set: out[t * q_dim + h * head_dim +
 // d]. Keys and values come from the f16 cache of one layer (a ring where shape.ring is set, as rope_and_store
@@ -178,6 +202,13 @@ void rope_and_store(const AttentionShape& shape, float* q, float* k, const float
 void attention_prompt(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
                       const uint16_t* value_cache, int64_t n_tokens, const int32_t* step, float* out,
                       gpuStream_t stream);
+// Attention of the n tokens of a paged pass, prompt and decoding rows alike: each over its own sequence's positions
+// up to its own (the last shape.window of them where it is set), read through the block table, scores soft-capped
+// where shape.cap is set; out as attention_prompt's. The scalar kernel of attention_prompt (f32 scores, an online
+// softmax), one team of 32 lanes a (token, head).
+void attention_paged(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
+                     const uint16_t* value_cache, int64_t n_tokens, const PagedRows& rows, float* out,
+                     gpuStream_t stream);
 // Whether attention_prompt rounds the queries and the softmax weights to f16 for `shape` (on tensor cores, with f32
 // sums, as flash-attention kernels do): its outputs then differ from f32 scoring by up to about 1e-3 of the values'
 // scale.

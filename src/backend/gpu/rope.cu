@@ -6,6 +6,7 @@
 // precision), which the first layer waited for.
 #include "backend/gpu/device.cuh"
 #include "backend/gpu/kernels.h"
+#include "backend/gpu/pass_rows.cuh"
 #include "backend/gpu/rope.cuh"
 
 namespace rf::gpu {
@@ -26,9 +27,10 @@ __global__ void rope_table_kernel(const double* inverse_frequencies, int64_t pai
 
 // One thread block per (token, head), one thread per dimension: every thread reads its value and its pair
 // partner's, the block waits, then every thread writes its rotated value (in place) and, for a key head, the
-// key and value rows of the head into the cache as f16.
+// key and value rows of the head into the cache as f16. `Rows` (pass_rows.cuh) says where each token is.
+template <typename Rows>
 __global__ void rope_store_kernel(AttentionShape shape, float* q, float* k, const float* v, const float* cos_sin,
-                                  const int32_t* step, uint16_t* key_cache, uint16_t* value_cache) {
+                                  Rows rows, uint16_t* key_cache, uint16_t* value_cache) {
   start_successor();
   wait_for_predecessor();
   const int64_t t = blockIdx.x;
@@ -37,7 +39,7 @@ __global__ void rope_store_kernel(AttentionShape shape, float* q, float* k, cons
   const bool is_key = head >= shape.n_heads;
   const int64_t kv_head = head - shape.n_heads;
   float* row = is_key ? k + t * shape.kv_dim() + kv_head * shape.head_dim : q + t * shape.q_dim() + head * shape.head_dim;
-  const int64_t position = step[0] + t;
+  const int64_t position = rows.position(t);
   const float* angles = position_angles(cos_sin, position, shape);
   const float value =
       d < shape.head_dim ? rotated(row, dimension_rotation(d, shape, dimension_angle(angles, d, shape))) : 0.0f;
@@ -45,11 +47,20 @@ __global__ void rope_store_kernel(AttentionShape shape, float* q, float* k, cons
   if (d >= shape.head_dim) return;
   row[d] = value;
   if (is_key) {
-    const int64_t row = shape.ring > 0 ? position % shape.ring : position;
-    const int64_t cache = row * shape.kv_dim() + kv_head * shape.head_dim + d;
+    const int64_t cache = rows.row(t, position) * shape.kv_dim() + kv_head * shape.head_dim + d;
     key_cache[cache] = float_to_half(value);
     value_cache[cache] = float_to_half(v[t * shape.kv_dim() + kv_head * shape.head_dim + d]);
   }
+}
+
+template <typename Rows>
+void launch_rope_and_store(const AttentionShape& shape, float* q, float* k, const float* v, const float* cos_sin,
+                           int64_t n_tokens, const Rows& rows, uint16_t* key_cache, uint16_t* value_cache,
+                           gpuStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(shape.n_heads + shape.n_kv_heads));
+  const auto threads = static_cast<unsigned>((shape.head_dim + 31) / 32 * 32);
+  launch_overlapped("rope_and_store", rope_store_kernel<Rows>, grid, threads, 0, stream, shape, q, k, v, cos_sin, rows,
+                    key_cache, value_cache);
 }
 
 }  // namespace
@@ -64,10 +75,14 @@ void rope_table(const double* inverse_frequencies, int64_t pairs, int64_t positi
 void rope_and_store(const AttentionShape& shape, float* q, float* k, const float* v, const float* cos_sin,
                     int64_t n_tokens, const int32_t* step, uint16_t* key_cache, uint16_t* value_cache,
                     gpuStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(shape.n_heads + shape.n_kv_heads));
-  const auto threads = static_cast<unsigned>((shape.head_dim + 31) / 32 * 32);
-  launch_overlapped("rope_and_store", rope_store_kernel, grid, threads, 0, stream, shape, q, k, v, cos_sin, step,
-                    key_cache, value_cache);
+  launch_rope_and_store(shape, q, k, v, cos_sin, n_tokens, SequenceRows{step, shape.ring}, key_cache, value_cache,
+                        stream);
+}
+
+void rope_and_store(const AttentionShape& shape, float* q, float* k, const float* v, const float* cos_sin,
+                    int64_t n_tokens, const PagedRows& rows, uint16_t* key_cache, uint16_t* value_cache,
+                    gpuStream_t stream) {
+  launch_rope_and_store(shape, q, k, v, cos_sin, n_tokens, PagedBatchRows{rows}, key_cache, value_cache, stream);
 }
 
 }  // namespace rf::gpu

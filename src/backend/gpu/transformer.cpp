@@ -18,6 +18,9 @@ namespace rf::gpu {
 namespace {
 
 size_t bytes_of_floats(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
+int64_t count(std::span<const int32_t> tokens) { return static_cast<int64_t>(tokens.size()); }
+
+static_assert(kKvBlockRows == model::kKvBlockPositions, "the kernels' blocks are those of the paged KV cache");
 
 // The attention of layer l (its window where it slides; its ring, which depends on the cache, State::attention_of
 // adds); layer -1: the shape every layer shares but the window.
@@ -73,17 +76,20 @@ void check_supported(const model::ExecutionPlan& plan, const AttentionShape& sha
   }
 }
 
+// Positions the KV cache holds: every position of a paged cache's blocks, or one sequence's context.
 int64_t context_of(const model::ModelConfig& config, const TransformerOptions& options) {
+  if (options.kv_blocks > 0) return options.kv_blocks * kKvBlockRows;
   return options.context > 0 ? options.context : std::min(config.context_length, kDefaultContext);
 }
 
 // Where the rows of each layer from first_layer on start in the key cache (and in the value cache), then their
-// total: a row for each of `context` positions, or a sliding-window layer's ring (model::kv_cache_rows).
+// total: a row for each of `context` positions, or a sliding-window layer's ring (model::kv_cache_rows) unless the
+// cache is paged (its blocks hold every position of their sequences).
 std::vector<int64_t> cache_starts(const model::ModelConfig& config, int64_t first_layer, int64_t context,
-                                  int64_t max_batch) {
+                                  int64_t max_batch, bool paged) {
   std::vector<int64_t> starts{0};
   for (int64_t l = first_layer; l < config.n_layers; ++l)
-    starts.push_back(starts.back() + model::kv_cache_rows(config, l, context, max_batch));
+    starts.push_back(starts.back() + (paged ? context : model::kv_cache_rows(config, l, context, max_batch)));
   return starts;
 }
 
@@ -208,6 +214,20 @@ bool chains_suit(const model::ExecutionPlan& plan, int64_t first_layer, Transfor
   return true;
 }
 
+// Blocks of a sequence's table that hold its positions up to its last token's.
+int64_t blocks_holding(const model::BatchSequence& sequence) {
+  return (sequence.position + count(sequence.tokens) + kKvBlockRows - 1) / kKvBlockRows;
+}
+
+// A pass of a paged batch in device memory: its tokens, where they are, and the indices of the rows whose logits it
+// returns.
+struct PagedPass {
+  const int32_t* tokens = nullptr;
+  PagedRows rows;
+  const int32_t* wanted = nullptr;
+  int64_t wanted_count = 0;
+};
+
 }  // namespace
 
 std::shared_ptr<model::Residency> make_residency(int64_t first_layer) {
@@ -230,8 +250,18 @@ struct Transformer::State {
   // first_row on; Logits::Last: those of the last token of the last batch go to logits_host.
   void forward_batch(int64_t n, int64_t position, Logits which, int64_t first_row, bool last_batch);
   // Enqueues the pass over the n tokens staged on the stream: the logits of the wanted rows go to `logits`
-  // (none when null): device memory, or logits_host for the last row.
-  void enqueue(int64_t n, Logits which, float* logits);
+  // (none when null): device memory, or logits_host for the last row. A paged pass (`paged`, already on the device)
+  // takes its rows' positions and cache rows from there, and returns the logits of its wanted rows instead.
+  void enqueue(int64_t n, Logits which, float* logits, const PagedPass* paged = nullptr);
+  // A paged cache's batch, checked and its copies enqueued: its passes, and the logits its sequences ask for.
+  std::span<const float> run_batch(std::span<const model::BatchSequence> batch);
+  // Copies the keys and values of block `source` into block `destination`, in every layer (copy on write).
+  void copy_block(model::BlockId source, model::BlockId destination);
+  // An rf::Error where the cache is paged: it takes batches of sequences, not one sequence's calls.
+  void check_contiguous() const {
+    if (kv_blocks > 0)
+      fail("this forward pass keeps a paged KV cache of {} blocks: it takes batches of sequences", kv_blocks);
+  }
   // Drops the cached positions from `positions` on, or every position (ForwardPass::truncate).
   void truncate(int64_t positions);
   int64_t first_row(int64_t layer) const { return row_starts[static_cast<size_t>(layer - first_layer)]; }
@@ -250,6 +280,7 @@ struct Transformer::State {
   const AttentionShape shape;
   const int64_t first_layer;  // layers before it run elsewhere: their output arrives in hidden_host
   const int64_t context;
+  const int64_t kv_blocks;  // of a paged cache; 0: one sequence's
   const int64_t max_batch;
   const bool graphs;
   // Whether a decode step runs the products after each attention as one chain (product_chain).
@@ -274,6 +305,7 @@ struct Transformer::State {
   ActivationRows hidden;         // feed-forward gate, then silu(gate) * up [n, n_ff]
   DeviceBuffer up;               // feed-forward up [n, n_ff]
   DeviceBuffer block_out;        // a block's output before its post-norm [n, n_embd] (models with post-norms)
+  DeviceBuffer gathered;         // paged: the rows of the stream whose logits a pass returns [n, n_embd]
   // (cos, sin) per position of the context and dimension pair (rope_table) of full-context layers [0] and of
   // sliding-window layers [1] (where those rotate with a base of their own).
   DeviceBuffer rope[2];
@@ -288,6 +320,10 @@ struct Transformer::State {
   PinnedBuffer logits_host;
   std::vector<float> all_logits;
   Graph decode_step;
+  // Paged: a pass's tokens, positions, table starts, wanted rows and block tables (run_batch), grown on demand.
+  std::vector<model::BatchSequence> pass_parts;
+  std::vector<int32_t> pass_host;
+  DeviceBuffer pass_device;
 };
 
 Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer_, const TransformerOptions& options)
@@ -296,10 +332,11 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
       shape(attention_shape(config)),
       first_layer(first_layer_),
       context(context_of(config, options)),
+      kv_blocks(options.kv_blocks),
       max_batch(options.max_batch),
       graphs(options.graphs),
-      chained(!options.float_activations && chains_suit(plan_, first_layer_, options.chains)),
-      row_starts(cache_starts(config, first_layer, context, max_batch)),
+      chained(kv_blocks == 0 && !options.float_activations && chains_suit(plan_, first_layer_, options.chains)),
+      row_starts(cache_starts(config, first_layer, context, max_batch, kv_blocks > 0)),
       products(largest_layer_matrix(plan_)),
       keys(cache_bytes(config, row_starts.back()), "the key cache"),
       values(cache_bytes(config, row_starts.back()), "the value cache"),
@@ -319,6 +356,7 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
   if (first_layer > 0) hidden_host = PinnedBuffer(bytes_of_floats(max_batch * config.n_embd), "the residual stream");
   if (has_post_norms(plan))
     block_out = DeviceBuffer(bytes_of_floats(max_batch * config.n_embd), "activations");
+  if (kv_blocks > 0) gathered = DeviceBuffer(bytes_of_floats(max_batch * config.n_embd), "activations");
   const float* freq_factors = plan.rope_freqs()
                                   ? reinterpret_cast<const float*>(plan.file().tensor_data(plan.rope_freqs().info()).data())
                                   : nullptr;
@@ -384,12 +422,14 @@ void Transformer::State::forward_batch(int64_t n, int64_t position, Logits which
   stream.synchronize();
 }
 
-void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
+void Transformer::State::enqueue(int64_t n, Logits which, float* logits, const PagedPass* paged) {
   const model::ModelConfig& c = config;
   const gpuStream_t s = stream.get();
   auto* const step = step_device.as<int32_t>();
-  check(gpuMemcpyAsync(step, step_host.data(), static_cast<size_t>(1 + n) * sizeof(int32_t), gpuMemcpyHostToDevice, s),
-        "copying the batch's tokens");
+  if (!paged)
+    check(gpuMemcpyAsync(step, step_host.data(), static_cast<size_t>(1 + n) * sizeof(int32_t), gpuMemcpyHostToDevice,
+                         s),
+          "copying the batch's tokens");
   const auto multiply = [&](std::initializer_list<Products::Target> targets, ActivationRows& input, int64_t rows,
                             bool accumulate) {
     products.multiply({targets.begin(), targets.size()}, input, rows, accumulate, s);
@@ -432,11 +472,16 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
   // stream the layers before first_layer made.
   if (first_layer == 0) {
     const DeviceMatrix embeddings = device_matrix(plan.token_embd());
-    embed_tokens(embeddings.type, embeddings.view, c.n_embd, step, n, x.as<float>(), s);
+    embed_tokens(embeddings.type, embeddings.view, c.n_embd, paged ? paged->tokens : step + 1, n, x.as<float>(), s);
     const model::LazyTensor& positions = plan.position_embd();
-    if (c.embedding_scale != 1.0f || positions)
-      scale_and_position(x.as<float>(), n, c.n_embd, c.embedding_scale, positions ? positions.type() : TensorType::F32,
-                         positions ? positions.data() : nullptr, step, s);
+    if (c.embedding_scale != 1.0f || positions) {
+      const TensorType positions_type = positions ? positions.type() : TensorType::F32;
+      const void* learned = positions ? positions.data() : nullptr;
+      if (paged)
+        scale_and_position(x.as<float>(), n, c.n_embd, c.embedding_scale, positions_type, learned, paged->rows, s);
+      else
+        scale_and_position(x.as<float>(), n, c.n_embd, c.embedding_scale, positions_type, learned, step, s);
+    }
   } else {
     check(gpuMemcpyAsync(x.data(), hidden_host.data(), bytes_of_floats(n * c.n_embd), gpuMemcpyHostToDevice, s),
           "copying the residual stream");
@@ -466,7 +511,7 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
                 {device_matrix(layer.attn_v), v.as<float>()}},
                normalized, n, false);
     }
-    if (n == 1 && attention_decode_runs(layer_shape) &&
+    if (!paged && n == 1 && attention_decode_runs(layer_shape) &&
         (!layer.attn_q_norm || attention_decode_takes_norms(layer_shape))) {
       // Also adds the biases, normalizes the heads, rotates q and k, stores k and v, and writes the 8-bit form
       // that the output projection reads.
@@ -485,9 +530,17 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
                                          {k.as<float>(), layer.attn_k_norm.f32_values(), n * c.n_kv_heads}};
         head_rmsnorm(heads, c.head_dim, c.norm_eps, s);
       }
-      rope_and_store(layer_shape, q.as<float>(), k.as<float>(), v.as<float>(), angles, n, step, key_cache(l),
-                     value_cache(l), s);
-      attention_prompt(layer_shape, q.as<float>(), key_cache(l), value_cache(l), n, step, attention_out.f32(), s);
+      // One sequence's tokens from step[0] on, or each row of a paged pass at its own position, over its own blocks.
+      if (paged) {
+        rope_and_store(layer_shape, q.as<float>(), k.as<float>(), v.as<float>(), angles, n, paged->rows, key_cache(l),
+                       value_cache(l), s);
+        attention_paged(layer_shape, q.as<float>(), key_cache(l), value_cache(l), n, paged->rows, attention_out.f32(),
+                        s);
+      } else {
+        rope_and_store(layer_shape, q.as<float>(), k.as<float>(), v.as<float>(), angles, n, step, key_cache(l),
+                       value_cache(l), s);
+        attention_prompt(layer_shape, q.as<float>(), key_cache(l), value_cache(l), n, step, attention_out.f32(), s);
+      }
       attention_out.changed();
     }
     if (in_chains) {
@@ -522,20 +575,98 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits) {
   if (!logits) return;
 
   // The final norm and the projection to the vocabulary (plus its bias, soft-capped where the model says), for
-  // the rows whose logits are wanted.
+  // the rows whose logits are wanted: the last or every row of one sequence's pass, or those a paged pass gathers.
   const int64_t first = which == Logits::All ? 0 : n - 1;
-  normalize(x.as<float>() + first * c.n_embd, plan.output_norm(), plan.output_norm_bias(), n - first, plan.output());
-  multiply({{device_matrix(plan.output()), logits}}, normalized, n - first, false);
-  add_bias(logits, plan.output_bias(), n - first);
-  if (c.logits_cap > 0.0f) soft_cap(logits, (n - first) * c.vocab_size, c.logits_cap, s);
+  const float* rows = x.as<float>() + first * c.n_embd;
+  int64_t wanted = n - first;
+  if (paged) {
+    gather_rows(x.as<float>(), paged->wanted, paged->wanted_count, c.n_embd, gathered.as<float>(), s);
+    rows = gathered.as<float>();
+    wanted = paged->wanted_count;
+  }
+  normalize(rows, plan.output_norm(), plan.output_norm_bias(), wanted, plan.output());
+  multiply({{device_matrix(plan.output()), logits}}, normalized, wanted, false);
+  add_bias(logits, plan.output_bias(), wanted);
+  if (c.logits_cap > 0.0f) soft_cap(logits, wanted * c.vocab_size, c.logits_cap, s);
+}
+
+std::span<const float> Transformer::State::run_batch(std::span<const model::BatchSequence> batch) {
+  const int64_t vocab = config.vocab_size;
+  int64_t logits_count = 0;
+  for (const model::BatchSequence& sequence : batch) logits_count += model::logits_rows(sequence);
+  all_logits.resize(static_cast<size_t>(logits_count * vocab));
+  float* logits = all_logits.data();
+  model::for_each_pass(batch, max_batch, pass_parts, [&](std::span<const model::BatchSequence> pass) {
+    // One upload: the pass's tokens, their positions, where their sequence's table starts, the rows whose logits
+    // are wanted, and the tables (each part's blocks up to its last token's).
+    int64_t n = 0;
+    int64_t wanted = 0;
+    int64_t blocks = 0;
+    for (const model::BatchSequence& part : pass) {
+      n += count(part.tokens);
+      wanted += model::logits_rows(part);
+      blocks += blocks_holding(part);
+    }
+    pass_host.resize(static_cast<size_t>(3 * n + wanted + blocks));
+    int32_t* const tokens = pass_host.data();
+    int32_t* const positions = tokens + n;
+    int32_t* const table_starts = positions + n;
+    int32_t* const wanted_rows = table_starts + n;
+    int32_t* const tables = wanted_rows + wanted;
+    int64_t row = 0;
+    int64_t wanted_row = 0;
+    int32_t* table = tables;
+    for (const model::BatchSequence& part : pass) {
+      for (size_t i = 0; i < part.tokens.size(); ++i, ++row) {
+        tokens[row] = part.tokens[i];
+        positions[row] = static_cast<int32_t>(part.position + static_cast<int64_t>(i));
+        table_starts[row] = static_cast<int32_t>(table - tables);
+      }
+      for (int64_t r = row - model::logits_rows(part); r < row; ++r) wanted_rows[wanted_row++] = static_cast<int32_t>(r);
+      table = std::copy_n(part.blocks.begin(), blocks_holding(part), table);
+    }
+    const size_t bytes = pass_host.size() * sizeof(int32_t);
+    if (pass_device.bytes() < bytes) pass_device = DeviceBuffer(bytes, "the pass's tokens and block tables");
+    check(gpuMemcpyAsync(pass_device.data(), pass_host.data(), bytes, gpuMemcpyHostToDevice, stream.get()),
+          "copying the pass's tokens and block tables");
+    const int32_t* const device = pass_device.as<int32_t>();
+    const PagedPass paged{device, {device + n, device + 2 * n, device + 3 * n + wanted}, device + 3 * n, wanted};
+
+    if (wanted == 0) {
+      enqueue(n, Logits::None, nullptr, &paged);
+    } else {
+      if (logits_all.bytes() < bytes_of_floats(wanted * vocab))
+        logits_all = DeviceBuffer(bytes_of_floats(wanted * vocab), "logits");
+      enqueue(n, Logits::All, logits_all.as<float>(), &paged);
+      check(gpuMemcpyAsync(logits, logits_all.data(), bytes_of_floats(wanted * vocab), gpuMemcpyDeviceToHost,
+                           stream.get()),
+            "copying logits");
+      logits += wanted * vocab;
+    }
+    stream.synchronize();  // before the next pass rewrites pass_host
+  });
+  return all_logits;
+}
+
+void Transformer::State::copy_block(model::BlockId source, model::BlockId destination) {
+  if (source == destination) return;  // copies never overlap otherwise
+  const int64_t block_values = kKvBlockRows * shape.kv_dim();
+  for (int64_t l = first_layer; l < config.n_layers; ++l)
+    for (uint16_t* cache : {key_cache(l), value_cache(l)})
+      check(gpuMemcpyAsync(cache + destination * block_values, cache + source * block_values,
+                           static_cast<size_t>(block_values) * sizeof(uint16_t), gpuMemcpyDeviceToDevice, stream.get()),
+            "copying a block of the KV cache");
 }
 
 Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOptions& options) {
   if (options.max_batch < 0) fail("max_batch must not be negative, got {}", options.max_batch);
+  if (options.kv_blocks < 0) fail("kv_blocks must not be negative, got {}", options.kv_blocks);
   if (options.float_activations && !ROCMFORGE_GPU_BLAS)
     fail("float activations run as GEMMs, and this build has no BLAS for the GPU (hipBLAS was not found)");
   DeviceResidency& weights = device_residency(plan);
   const int64_t first_layer = weights.first_layer();
+  if (options.kv_blocks > 0 && first_layer > 0)
+    fail("a paged KV cache needs every layer on the GPU: this plan's residency holds layers {}.. only", first_layer);
   check_supported(plan, attention_shape(plan.config()), first_layer);
   // Refuse a model that does not fit before anything is uploaded: weights and KV cache before the cache is
   // allocated (the smallest the passes may take: sliding-window layers' rings hold their window and one pass), then
@@ -544,7 +675,9 @@ Transformer::Transformer(const model::ExecutionPlan& plan, const TransformerOpti
   const uint64_t available = options.device_memory > 0 ? std::min(free_before, options.device_memory) : free_before;
   const int64_t kv_positions = context_of(plan.config(), options);
   const auto kv_cache_bytes = [&](int64_t pass_tokens) {
-    return 2 * cache_bytes(plan.config(), cache_starts(plan.config(), first_layer, kv_positions, pass_tokens).back());
+    const std::vector<int64_t> starts =
+        cache_starts(plan.config(), first_layer, kv_positions, pass_tokens, options.kv_blocks > 0);
+    return 2 * cache_bytes(plan.config(), starts.back());
   };
   DeviceMemoryNeed need{.weights = weights.unallocated_bytes(),
                         .kv_cache = kv_cache_bytes(options.max_batch > 0 ? options.max_batch : kShortPassTokens),
@@ -577,11 +710,15 @@ Transformer::~Transformer() = default;
 
 int64_t Transformer::cached() const { return state_->cached; }
 int64_t Transformer::context() const { return state_->context; }
+int64_t Transformer::kv_blocks() const { return state_->kv_blocks; }
 int64_t Transformer::max_batch() const { return state_->max_batch; }
 bool Transformer::decodes_in_chains() const { return state_->chained; }
 const model::ModelConfig& Transformer::config() const { return state_->config; }
 
-void Transformer::truncate(int64_t positions) { state_->truncate(positions); }
+void Transformer::truncate(int64_t positions) {
+  state_->check_contiguous();
+  state_->truncate(positions);
+}
 
 // Counts the rings of every layer, those that run on the CPU too: at worst it drops positions it could keep.
 void Transformer::State::truncate(int64_t positions) {
@@ -593,6 +730,7 @@ void Transformer::State::truncate(int64_t positions) {
 
 std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int64_t position, Logits which) {
   State& s = *state_;
+  s.check_contiguous();
   if (s.first_layer > 0)
     fail("this GPU transformer runs layers {}.. only: it takes the residual stream of the layers before",
          s.first_layer);
@@ -605,12 +743,27 @@ std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int
 std::span<const float> Transformer::forward(std::span<const float> hidden, int64_t position, Logits which) {
   State& s = *state_;
   const int64_t width = s.config.n_embd;
+  s.check_contiguous();
   if (s.first_layer == 0) fail("this GPU transformer runs every layer: it takes tokens, not a residual stream");
   if (hidden.size() % static_cast<size_t>(width) != 0)
     fail("forward: {} floats are not whole rows of the residual stream ({} values)", hidden.size(), width);
   return s.run(static_cast<int64_t>(hidden.size()) / width, position, which, [&](int64_t start, int64_t count) {
     std::copy_n(hidden.begin() + start * width, count * width, s.hidden_host.as<float>());
   });
+}
+
+std::span<const float> Transformer::forward(std::span<const model::BatchSequence> batch,
+                                            std::span<const model::BlockCopy> copies) {
+  State& s = *state_;
+  if (s.kv_blocks == 0) return model::ForwardPass::forward(batch, copies);
+  model::check_batch(s.config, batch, copies, s.kv_blocks);
+  // A table for more positions than the pool holds repeats blocks; the rotary angles cover the pool's positions.
+  for (const model::BatchSequence& sequence : batch)
+    if (sequence.position + count(sequence.tokens) > s.context)
+      fail("{} tokens at position {} pass the {} positions of the KV cache's {} blocks", sequence.tokens.size(),
+           sequence.position, s.context, s.kv_blocks);
+  for (const model::BlockCopy& copy : copies) s.copy_block(copy.source, copy.destination);
+  return s.run_batch(batch);
 }
 
 }  // namespace rf::gpu

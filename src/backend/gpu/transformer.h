@@ -7,7 +7,8 @@
 // graph (CUDA graph / hipGraph), once every weight is resident, and replayed for every later token: the
 // token and its position travel to the device as data, so the recorded launches never change. A transformer
 // may run the last layers only (and the output), the layers before it running on the CPU: it then takes the
-// residual stream those layers made instead of tokens (make_residency's first_layer).
+// residual stream those layers made instead of tokens (make_residency's first_layer). A transformer with a paged KV
+// cache (TransformerOptions::kv_blocks) evaluates batches of many sequences instead, without graphs or chains.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -41,6 +42,10 @@ struct TransformerOptions {
   // Products take the f16 form of f32 activations, as GEMMs with quantized weights dequantized to f16, instead
   // of 8-bit blocks (cpu::TransformerOptions::float_activations); no chains. Needs cuBLAS or hipBLAS.
   bool float_activations = false;
+  // Blocks of model::kKvBlockPositions positions in a paged KV cache, for batches of sequences (forward(batch,
+  // copies)) instead of one sequence; 0: one sequence's cache of `context` positions. Every layer keeps a row for
+  // each position of its blocks (sliding-window layers too), and the plan must hold every layer.
+  int64_t kv_blocks = 0;
 };
 
 using model::Logits;
@@ -68,9 +73,15 @@ class Transformer final : public model::ForwardPass {
   // residual stream after layer F - 1, n_embd floats per token (cpu::Transformer::forward_hidden).
   std::span<const float> forward(std::span<const float> hidden, int64_t position, Logits which = Logits::Last);
 
+  // A paged transformer's (kv_blocks > 0) passes over many sequences: one set of products for all the rows of a
+  // pass, each row attending to its own sequence's blocks.
+  std::span<const float> forward(std::span<const model::BatchSequence> batch,
+                                 std::span<const model::BlockCopy> copies) override;
+
   int64_t cached() const override;
   void truncate(int64_t positions) override;
   int64_t context() const override;
+  int64_t kv_blocks() const override;
   int64_t max_batch() const override;
   // Whether decode steps run the products after each attention as chains (TransformerOptions::chains).
   bool decodes_in_chains() const;
