@@ -30,8 +30,9 @@ constexpr int64_t kContext = 128;  // of the single-sequence transformers
 
 // A sequence's rows, batched or alone, differ only in the order of a product's sums: one row alone runs through
 // the matrix-vector kernels, rows of a batch through the matrix-matrix ones (tiles from 4 rows on). With float
-// activations that stays float rounding: the tests compare so, as BatchTest does.
-constexpr float kTolerance = 1e-4f;
+// activations that stays float rounding: up to 1.3e-4 on stories260K's logits (up to ~20) with the portable kernels
+// of a sanitizer build, 6e-6 with the AVX2 ones.
+constexpr float kTolerance = 5e-4f;
 // With 8-bit activations, as the engine runs, such a rounding difference can move a value across an 8-bit step when
 // the next product quantizes it: one step of 1/127 of the row's largest value, which the layers carry on. Measured
 // up to 1.6e-2 on synth-tiny256-Q4_K_M (logits up to 1.4), as for a single-sequence prompt in one pass against
