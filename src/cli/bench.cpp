@@ -395,11 +395,6 @@ void print_parallel_json(const engine::Engine& engine, const BenchOptions& optio
   fmt::print("{}\n", out.dump(2));
 }
 
-// Blocks of the paged KV cache that `positions` positions take.
-int64_t kv_blocks_for(int64_t positions) {
-  return positions / model::kKvBlockPositions + (positions % model::kKvBlockPositions != 0);
-}
-
 void bench_parallel(const BenchOptions& options) {
   const int64_t p = options.prompt_tokens, n = options.generated_tokens;
   if (p == 0) fail("--parallel needs prompts of at least one token, not -p 0");
@@ -409,14 +404,14 @@ void bench_parallel(const BenchOptions& options) {
   check_context(*file, p + n, fmt::format("a sequence of -p {} + -n {} positions", p, n));
   // Every sequence of the largest row at once, in whole blocks, so that none is preempted.
   const int64_t most_sequences = std::ranges::max(options.parallel);
-  const int64_t blocks = most_sequences * kv_blocks_for(p + n);
+  const int64_t blocks = most_sequences * model::kv_blocks_for(p + n);
   engine::EngineOptions engine_options = options.engine;
   engine_options.paged = true;
   if (engine_options.context == 0) {
     engine_options.context = blocks * model::kKvBlockPositions;
   } else if (engine_options.context < p + n) {
     fail("--ctx {} cannot hold a sequence of -p {} + -n {} positions", engine_options.context, p, n);
-  } else if (kv_blocks_for(engine_options.context) < blocks) {
+  } else if (model::kv_blocks_for(engine_options.context) < blocks) {
     fmt::print(stderr, "bench: --ctx {} holds fewer than the {} positions of {} sequences at once: some are "
                "preempted and computed again\n", engine_options.context, blocks * model::kKvBlockPositions,
                most_sequences);

@@ -95,7 +95,7 @@ cpu::TransformerOptions cpu_options(const EngineOptions& options, int64_t contex
   cpu::TransformerOptions transformer_options;
   transformer_options.threads = options.threads;
   transformer_options.context = context;
-  if (options.paged) transformer_options.kv_blocks = (context + model::kKvBlockPositions - 1) / model::kKvBlockPositions;
+  if (options.paged) transformer_options.kv_blocks = model::kv_blocks_for(context);
   transformer_options.layers = layers;
   transformer_options.float_activations = options.float_activations;
   return transformer_options;
@@ -154,7 +154,7 @@ void Engine::load(const EngineOptions& options, Clock::time_point start) {
     const gpu::TransformerOptions gpu_options{
         .context = options.context,
         .float_activations = options.float_activations,
-        .kv_blocks = options.paged ? (context + model::kKvBlockPositions - 1) / model::kKvBlockPositions : 0};
+        .kv_blocks = options.paged ? model::kv_blocks_for(context) : 0};
     device_name_ = gpu::device_info().name;
     if (first_gpu_layer == 0) {
       forward_pass_ = std::make_unique<gpu::Transformer>(*plan_, gpu_options);

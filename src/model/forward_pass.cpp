@@ -18,7 +18,7 @@ namespace {
 // the model has no such layers or a ring would not be shorter than the context. Layer 0 slides whenever any layer
 // does (l % pattern < pattern - 1 holds for l = 0 first).
 int64_t ring_rows(const ModelConfig& config, int64_t context, int64_t max_batch) {
-  const int64_t rows = (config.sliding_window + max_batch + kKvBlockPositions - 1) / kKvBlockPositions * kKvBlockPositions;
+  const int64_t rows = kv_blocks_for(config.sliding_window + max_batch) * kKvBlockPositions;
   return config.sliding(0) && rows < context ? rows : 0;
 }
 
@@ -71,7 +71,7 @@ void check_batch(const ModelConfig& config, std::span<const BatchSequence> batch
       fail("{} tokens at position {} pass the model's {} learned positions", n, sequence.position,
            config.context_length);
     check_tokens(config, sequence.tokens);
-    for (int64_t b = 0; b < (end + kKvBlockPositions - 1) / kKvBlockPositions; ++b)
+    for (int64_t b = 0; b < kv_blocks_for(end); ++b)
       check_block(sequence.blocks[static_cast<size_t>(b)]);
   }
 }

@@ -22,6 +22,9 @@ enum class Logits {
 constexpr int64_t kKvBlockPositions = 16;
 using BlockId = int32_t;
 
+// The blocks that hold `positions` positions.
+inline int64_t kv_blocks_for(int64_t positions) { return (positions + kKvBlockPositions - 1) / kKvBlockPositions; }
+
 // A block whose keys and values (of every layer) are copied into another before a batch writes (copy on write).
 struct BlockCopy {
   BlockId source;

@@ -19,7 +19,7 @@ std::vector<int64_t> contiguous_rows(const model::ModelConfig& config, int64_t c
   if (max_batch <= 0) fail("max_batch must be positive, got {}", max_batch);
   std::vector<int64_t> rows;
   for (int64_t l = 0; l < config.n_layers; ++l)
-    rows.push_back((model::kv_cache_rows(config, l, capacity, max_batch) + kBlock - 1) / kBlock * kBlock);
+    rows.push_back(model::kv_blocks_for(model::kv_cache_rows(config, l, capacity, max_batch)) * kBlock);
   return rows;
 }
 

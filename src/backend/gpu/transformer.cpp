@@ -216,7 +216,7 @@ bool chains_suit(const model::ExecutionPlan& plan, int64_t first_layer, Transfor
 
 // Blocks of a sequence's table that hold its positions up to its last token's.
 int64_t blocks_holding(const model::BatchSequence& sequence) {
-  return (sequence.position + count(sequence.tokens) + kKvBlockRows - 1) / kKvBlockRows;
+  return model::kv_blocks_for(sequence.position + count(sequence.tokens));
 }
 
 // A pass of a paged batch in device memory: its tokens, where they are, and the indices of the rows whose logits it
