@@ -273,6 +273,10 @@ void run_benchmarks(engine::Engine& engine, const BenchOptions& options, Clock::
 struct BatchTimes {
   double prompt_seconds = 0.0;
   double generation_seconds = 0.0;
+  // The decoding steps: how many, and their seconds in the forward pass and in sampling (the scheduler's stats).
+  int64_t steps = 0;
+  double forward_seconds = 0.0;
+  double sampling_seconds = 0.0;
 };
 
 // A scheduler for batched runs of up to `sequences` sequences of `prompt_tokens` prompt tokens, with a token budget
@@ -300,13 +304,17 @@ class BatchRunner {
         if (!started_[i]) {
           started_[i] = true;
           all_started_ = now;
+          decoding_from_ = scheduler_.stats();
         }
         if (step.finish) all_finished_ = now;
       };
     }
     const Clock::time_point start = Clock::now();
     for (const std::shared_ptr<engine::RequestHandle>& handle : scheduler_.submit(std::move(requests))) handle->wait();
-    return {seconds_between(start, all_started_), seconds_between(all_started_, all_finished_)};
+    const engine::Scheduler::Stats end = scheduler_.stats();
+    return {seconds_between(start, all_started_), seconds_between(all_started_, all_finished_),
+            end.steps - decoding_from_.steps, end.forward_seconds - decoding_from_.forward_seconds,
+            end.sampling_seconds - decoding_from_.sampling_seconds};
   }
 
  private:
@@ -315,6 +323,7 @@ class BatchRunner {
   std::vector<bool> started_;       // per sequence of the run: whether it has its first token
   Clock::time_point all_started_;   // when the last sequence had its first token
   Clock::time_point all_finished_;  // when the last sequence finished
+  engine::Scheduler::Stats decoding_from_;  // the stats when the last sequence had its first token
   engine::Scheduler scheduler_;     // last: its thread calls back into the members above until it is gone
 };
 
@@ -329,6 +338,10 @@ struct ParallelResult {
   Spread prompt_speed;              // S_PP: B * p / T_PP
   Spread generation_speed;          // S_TG: B * n / T_TG
   Spread speed;                     // S: B * (p + n) / (T_PP + T_TG)
+  // Milliseconds a decoding step: in all, in the forward pass, in sampling.
+  double step_ms = 0.0;
+  double forward_ms = 0.0;
+  double sampling_ms = 0.0;
 };
 
 // `repetitions` timed runs of B sequences on a fresh scheduler.
@@ -337,6 +350,7 @@ ParallelResult run_parallel(engine::Engine& engine, TokenSource& source, int64_t
   const int64_t p = options.prompt_tokens, n = options.generated_tokens;
   BatchRunner runner(engine, sequences, p);
   std::vector<double> prompt_seconds, generation_seconds, prompt_speeds, generation_speeds, speeds;
+  BatchTimes decoding;  // summed over the runs
   for (int r = 0; r < options.repetitions; ++r) {
     const BatchTimes times = runner.run(source, sequences, n);
     prompt_seconds.push_back(times.prompt_seconds);
@@ -344,13 +358,23 @@ ParallelResult run_parallel(engine::Engine& engine, TokenSource& source, int64_t
     prompt_speeds.push_back(tokens_per_second(sequences * p, times.prompt_seconds));
     generation_speeds.push_back(tokens_per_second(sequences * n, times.generation_seconds));
     speeds.push_back(tokens_per_second(sequences * (p + n), times.prompt_seconds + times.generation_seconds));
+    decoding.generation_seconds += times.generation_seconds;
+    decoding.steps += times.steps;
+    decoding.forward_seconds += times.forward_seconds;
+    decoding.sampling_seconds += times.sampling_seconds;
   }
+  const auto per_step_ms = [&](double seconds) {
+    return decoding.steps > 0 ? 1e3 * seconds / static_cast<double>(decoding.steps) : 0.0;
+  };
   return {sequences,
           spread_of(prompt_seconds).mean,
           spread_of(generation_seconds).mean,
           spread_of(prompt_speeds),
           spread_of(generation_speeds),
-          spread_of(speeds)};
+          spread_of(speeds),
+          per_step_ms(decoding.generation_seconds),
+          per_step_ms(decoding.forward_seconds),
+          per_step_ms(decoding.sampling_seconds)};
 }
 
 void print_parallel_table(const engine::Engine& engine, const BenchOptions& options, int64_t kv_positions,
@@ -368,6 +392,9 @@ void print_parallel_table(const engine::Engine& engine, const BenchOptions& opti
     fmt::print("| {:>6} | {:>6} | {:>4} | {:>6} | {:>8.3f} | {:>18} | {:>8.3f} | {:>18} | {:>8.3f} | {:>18} |\n", p, n,
                r.sequences, r.sequences * (p + n), r.prompt_seconds, spread_text(r.prompt_speed), r.generation_seconds,
                spread_text(r.generation_speed), r.prompt_seconds + r.generation_seconds, spread_text(r.speed));
+  fmt::print("\nA decoding step, in ms: all of it (the forward pass, sampling)\n");
+  for (const ParallelResult& r : results)
+    fmt::print("  B {:>4}: {:.3f} ({:.3f}, {:.3f})\n", r.sequences, r.step_ms, r.forward_ms, r.sampling_ms);
 }
 
 // Rows under llama-batched-bench's JSON names (pl: B), each speed with its standard deviation.
@@ -388,7 +415,10 @@ void print_parallel_json(const engine::Engine& engine, const BenchOptions& optio
                     {"speed_tg_std", r.generation_speed.std},
                     {"t", r.prompt_seconds + r.generation_seconds},
                     {"speed", r.speed.mean},
-                    {"speed_std", r.speed.std}});
+                    {"speed_std", r.speed.std},
+                    {"step_ms", r.step_ms},
+                    {"forward_ms", r.forward_ms},
+                    {"sampling_ms", r.sampling_ms}});
   nlohmann::json out = engine_json(engine);
   out["kv_positions"] = kv_positions;
   out["parallel"] = rows;

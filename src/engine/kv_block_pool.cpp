@@ -58,7 +58,6 @@ int64_t KvBlockPool::start(SequenceId id, std::span<const int32_t> prompt) {
   if (contains(id)) fail("KV block pool: sequence {} already exists", id);
   Sequence& started = sequences_[id];
   started.tokens.assign(prompt.begin(), prompt.end());
-  ++prefix_lookups_;
   const int64_t reusable = prompt.empty() ? 0 : (static_cast<int64_t>(prompt.size()) - 1) / block_positions_;
   uint64_t hash = 0;
   uint64_t parent = 0;
@@ -73,7 +72,7 @@ int64_t KvBlockPool::start(SequenceId id, std::span<const int32_t> prompt) {
     started.table.push_back(block);
     parent = blocks_[block].registration;
   }
-  reused_blocks_ += static_cast<int64_t>(started.table.size());
+  started.uncounted_prefix = static_cast<int64_t>(started.table.size());
   started.computed = started.reserved = static_cast<int64_t>(started.table.size()) * block_positions_;
   return started.computed;
 }
@@ -94,6 +93,11 @@ std::optional<std::vector<BlockCopy>> KvBlockPool::reserve(SequenceId id, int64_
                     !writable(reserving.table[static_cast<size_t>(filling)]);
   const int64_t added = std::max<int64_t>(0, blocks_for(end) - static_cast<int64_t>(reserving.table.size()));
   if (added + (copy ? 1 : 0) > free_blocks()) return std::nullopt;
+  if (reserving.uncounted_prefix) {
+    ++prefix_lookups_;
+    reused_blocks_ += *reserving.uncounted_prefix;
+    reserving.uncounted_prefix.reset();
+  }
   std::vector<BlockCopy> copies;
   if (copy) {
     BlockId& slot = reserving.table[static_cast<size_t>(filling)];

@@ -12,7 +12,9 @@
 // block with a fresh one before its sequence writes into it, and reports the rows to copy (copy on write).
 //
 // Each sequence goes: start (takes its cached prefix); per step reserve(n), the copies it returns, the forward
-// pass writing n positions, mark_computed(n); append() adds generated tokens; fork, truncate, release.
+// pass writing n positions, mark_computed(n); append() adds generated tokens; fork, truncate, release. The stats
+// count a started sequence's prefix at its first successful reserve(), so a start that release() undoes for want of
+// blocks (and retries later) counts nothing.
 // Not thread-safe: the scheduler thread owns the pool.
 #pragma once
 #include <cstdint>
@@ -41,8 +43,8 @@ class KvBlockPool {
     int64_t free = 0;              // held by no sequence: unused, or evictable
     int64_t evictable = 0;         // free blocks still cached: a prefix can take them until they are evicted
     int64_t used = 0;              // held by at least one sequence
-    int64_t prefix_lookups = 0;    // sequences started
-    int64_t reused_blocks = 0;     // cached blocks that starting sequences took
+    int64_t prefix_lookups = 0;    // sequences started that got their first reservation
+    int64_t reused_blocks = 0;     // cached blocks that those sequences took when they started
     int64_t reused_positions = 0;  // the positions those hold: not computed again
     int64_t evictions = 0;         // cached blocks taken for other positions
     bool operator==(const Stats&) const = default;
@@ -104,6 +106,8 @@ class KvBlockPool {
     std::vector<BlockId> table;
     int64_t computed = 0;  // positions that hold their keys and values
     int64_t reserved = 0;  // positions that can be written (from `computed` on): reserve() made their blocks so
+    // Started sequences until their first successful reserve(): the blocks their prefix took, not in the stats yet.
+    std::optional<int64_t> uncounted_prefix;
   };
 
   Sequence& sequence(SequenceId id);

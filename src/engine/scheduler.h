@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/cpu/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/kv_block_pool.h"
 #include "engine/sequence.h"
@@ -72,6 +73,8 @@ class Scheduler {
   struct Stats {
     KvBlockPool::Stats pool;
     int64_t steps = 0;              // batches evaluated
+    double forward_seconds = 0.0;   // in the forward pass (the logits on the host)
+    double sampling_seconds = 0.0;  // sampling the sequences' next tokens
     int64_t prompt_tokens = 0;      // prompt positions computed (not those taken from cached blocks)
     int64_t decoded_tokens = 0;     // generated tokens evaluated
     int64_t recomputed_tokens = 0;  // positions computed again after a preemption
@@ -110,11 +113,21 @@ class Scheduler {
   void schedule(Work& work);
   // Frees the newest running sequence's blocks and queues it first among the waiting.
   void preempt(Work& work);
+  // A sequence to step with the logits of its newest position, and the step it takes (none: it had finished).
+  struct Stepping {
+    Running* sequence;
+    std::span<const float> logits;
+    std::optional<Step> step;
+  };
   // Evaluates the batch and steps each sequence whose newest position it computed.
   void run(Work& work);
-  // Steps a sequence with the logits of its newest position; at the prompt's, the request's other choices first.
-  void step(Running& sequence, std::span<const float> logits);
-  void advance(Running& sequence, std::span<const float> logits);
+  // At the prompt's logits of a request's first choice, starts its other choices from the same blocks and lists
+  // them to step.
+  void fork(Running& sequence, std::span<const float> logits, std::vector<Stepping>& stepping);
+  // Samples the next token; touches nothing but the sequence, so that sequences sample in parallel.
+  std::optional<Step> sample(const Stepping& next) const;
+  // Hands the step to the request and appends its token, or completes the sequence.
+  void take(Running& sequence, const std::optional<Step>& step);
   void record(Running& sequence, const Step& step);
   // Finishes a sequence between steps for `reason`.
   void end(Running& sequence, FinishReason reason);
@@ -143,7 +156,8 @@ class Scheduler {
   // Scheduler thread only.
   std::deque<std::unique_ptr<Running>> running_;  // admitted, in admission order
   std::deque<std::unique_ptr<Running>> waiting_;  // preempted first, then new, in order
-  std::thread thread_;                            // last: starts once everything above exists
+  cpu::ThreadPool sampling_threads_;
+  std::thread thread_;  // last: starts once everything above exists
 };
 
 }  // namespace rf::engine

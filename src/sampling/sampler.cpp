@@ -48,8 +48,13 @@ void apply_logit_bias(std::vector<Candidate>& candidates, const std::map<int32_t
   for (const auto& [token, bias] : logit_bias) candidates[static_cast<size_t>(token)].logit += bias;
 }
 
-void apply_penalties(std::vector<Candidate>& candidates, std::span<const int32_t> recent, const SamplingParams& params) {
-  if (params.repeat_penalty == 1.0f && params.frequency_penalty == 0.0f && params.presence_penalty == 0.0f) return;
+bool penalizes(const SamplingParams& params) {
+  return params.repeat_penalty != 1.0f || params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f;
+}
+
+void apply_penalties(std::vector<Candidate>& candidates, std::span<const int32_t> recent,
+                     const SamplingParams& params) {
+  if (!penalizes(params)) return;
   std::unordered_map<int32_t, int> counts;
   for (const int32_t token : recent) ++counts[token];
   for (const auto& [token, count] : counts) {
@@ -122,6 +127,13 @@ double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1p-53; 
 
 std::span<const Candidate> Sampler::distribution(std::span<const float> logits) {
   if (logits.empty()) fail("cannot sample from an empty row of logits");
+  // Greedy over untouched logits is their first largest: listing the whole vocabulary as candidates would cost
+  // several times the search, for every sequence of a batched step.
+  if (params_.temperature <= 0.0f && params_.logit_bias.empty() && !penalizes(params_)) {
+    const auto best = std::max_element(logits.begin(), logits.end());
+    candidates_.assign(1, {static_cast<int32_t>(best - logits.begin()), *best, 1.0f});
+    return candidates_;
+  }
   candidates_.resize(logits.size());
   for (size_t id = 0; id < logits.size(); ++id) candidates_[id] = {static_cast<int32_t>(id), logits[id], 0.0f};
 

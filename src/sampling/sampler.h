@@ -51,6 +51,9 @@ void check_params(const SamplingParams& params);
 // Candidates must be in vocabulary order.
 void apply_logit_bias(std::vector<Candidate>& candidates, const std::map<int32_t, float>& logit_bias);
 
+// Whether the repetition, frequency or presence penalty changes any logit.
+bool penalizes(const SamplingParams& params);
+
 // Penalizes each token that occurs in `recent` (the tokens the penalties look back over), as llama.cpp's
 // penalties sampler: a positive logit is divided by repeat_penalty and a negative one multiplied (so the
 // token always becomes less likely), then count * frequency_penalty + presence_penalty is subtracted.

@@ -6,6 +6,7 @@
 #if ROCMFORGE_HAVE_GPU
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/vec_dot.h"
 #include "backend/gpu/kernels.h"
+#include "backend/gpu/products.h"
 #include "backend/gpu/residency.h"
 #include "backend/gpu/runtime.h"
 #include "quant/blocks.h"
@@ -104,11 +106,42 @@ TestMatrix make_matrix(TensorType type, int64_t rows, int64_t cols, gpuStream_t 
   return m;
 }
 
+// y[b * rows + r] = dot(row r of the stored matrix, row b of x_seen), summed in double.
+std::vector<double> reference_product(const TestMatrix& m, const std::vector<float>& x_seen, int64_t batch) {
+  std::vector<double> y(static_cast<size_t>(batch * m.rows));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t r = 0; r < m.rows; ++r) {
+      double sum = 0.0;
+      for (int64_t c = 0; c < m.cols; ++c)
+        sum += static_cast<double>(m.values[r * m.cols + c]) * x_seen[b * m.cols + c];
+      y[b * m.rows + r] = sum;
+    }
+  return y;
+}
+
+// `batch` rows of x on the device, with the 8-bit form products with `type` weights read where they read one.
+struct TestInput {
+  TestInput(TensorType type, const std::vector<float>& x, int64_t batch, int64_t cols, gpuStream_t stream)
+      : f32(to_device(x)),
+        q(x.size(), "q"),
+        scales(x.size() / kActivationBlock * sizeof(ActivationScale), "scales") {
+    input.f32 = f32.as<float>();
+    const ActivationBlocks blocks = activation_blocks(type);
+    if (blocks == ActivationBlocks::None) return;
+    quantize_rows(blocks, input.f32, batch, cols, q.as<int8_t>(), scales.as<ActivationScale>(), nullptr, stream);
+    input.q = q.as<int8_t>();
+    input.scales = scales.as<ActivationScale>();
+  }
+  DeviceBuffer f32;
+  DeviceBuffer q;
+  DeviceBuffer scales;
+  ProductInput input;
+};
+
 class GpuWeightTypes : public GpuKernels, public ::testing::WithParamInterface<TensorType> {};
 
 TEST_P(GpuWeightTypes, MatvecMatchesDequantizedProduct) {
   const TensorType type = GetParam();
-  const ActivationBlocks blocks = activation_blocks(type);
   // 37 rows: not a multiple of the rows per thread block, and odd (one activation row of quantized weights takes two
   // rows a group of lanes: the last group's second row lies past the end). 1024 columns: several slices per lane;
   // 4096 (16 super-blocks): a whole team per row for one activation row, and for f32 activations a batch of 3 is
@@ -119,32 +152,13 @@ TEST_P(GpuWeightTypes, MatvecMatchesDequantizedProduct) {
     const TestMatrix m = make_matrix(type, 37, cols, stream());
     for (int batch = 1; batch <= kMaxMatvecBatch; ++batch) {
       const std::vector<float> x = test::random_normal(static_cast<size_t>(batch * m.cols), 100 + batch);
-      const std::vector<float> x_seen = activations_seen(type, x, m.cols);
-      std::vector<double> expected(static_cast<size_t>(batch * m.rows));
-      for (int b = 0; b < batch; ++b)
-        for (int64_t r = 0; r < m.rows; ++r) {
-          double sum = 0.0;
-          for (int64_t c = 0; c < m.cols; ++c)
-            sum += static_cast<double>(m.values[r * m.cols + c]) * x_seen[b * m.cols + c];
-          expected[b * m.rows + r] = sum;
-        }
-
-      const DeviceBuffer x_device = to_device(x);
-      DeviceBuffer q(x.size(), "q");
-      DeviceBuffer scales(x.size() / kActivationBlock * sizeof(ActivationScale), "scales");
-      ProductInput input;
-      input.f32 = x_device.as<float>();
-      if (blocks != ActivationBlocks::None) {
-        quantize_rows(blocks, input.f32, batch, m.cols, q.as<int8_t>(), scales.as<ActivationScale>(), nullptr,
-                      stream());
-        input.q = q.as<int8_t>();
-        input.scales = scales.as<ActivationScale>();
-      }
+      const std::vector<double> expected = reference_product(m, activations_seen(type, x, m.cols), batch);
+      const TestInput input(type, x, batch, m.cols, stream());
       // Accumulating onto a known start checks that every output is written once, and only once.
       const std::vector<float> start(expected.size(), 1.0f);
       const DeviceBuffer y = to_device(start);
       const MatvecSegment segment{m.view(), m.rows, y.as<float>()};
-      matvec(type, {&segment, 1}, m.cols, input, batch, true, stream());
+      matvec(type, {&segment, 1}, m.cols, input.input, batch, true, stream());
       synchronize();
       std::vector<float> got = to_host<float>(y, expected.size());
       for (float& value : got) value -= 1.0f;
@@ -152,6 +166,75 @@ TEST_P(GpuWeightTypes, MatvecMatchesDequantizedProduct) {
           << tensor_type_name(type) << " batch " << batch << ", " << cols << " columns";
     }
   }
+}
+
+// The tensor-core products, at every batch. 37 rows: one partial row tile; 200: several. 256 columns: one K tile,
+// never split; 1024, 4864: K split over thread blocks (19 tiles: unequal splits); 1056 (for blocks of 32): a partial
+// last K tile. Batches of 1 to 130 take column tiles of 8, 16, 32 and 64 rows, the last partial.
+TEST_P(GpuWeightTypes, MatmulQ8MatchesDequantizedProduct) {
+  const TensorType type = GetParam();
+  if (!has_matmul_q8(type)) GTEST_SKIP() << "no 8-bit tensor-core products for " << tensor_type_name(type);
+  const TileScratch scratch;
+  std::vector<int64_t> widths = {256, 1024, 4864};
+  if (tensor_type_info(type).block_elements == 32) widths.push_back(1056);
+  for (const int64_t rows : {37, 200})
+    for (const int64_t cols : widths) {
+      const TestMatrix m = make_matrix(type, rows, cols, stream());
+      for (const int batch : {1, 5, 9, 16, 17, 33, 64, 130}) {
+        const std::vector<float> x = test::random_normal(static_cast<size_t>(batch * m.cols), 300 + batch);
+        const std::vector<double> expected = reference_product(m, activations_seen(type, x, m.cols), batch);
+        const TestInput input(type, x, batch, m.cols, stream());
+        // Accumulating onto a known start checks that every output is written once, and only once.
+        const std::vector<float> start(expected.size(), 1.0f);
+        const DeviceBuffer y = to_device(start);
+        matmul_q8(type, {m.view(), m.rows, y.as<float>()}, m.cols, input.input, batch, true, scratch, stream());
+        synchronize();
+        std::vector<float> got = to_host<float>(y, expected.size());
+        for (float& value : got) value -= 1.0f;
+        EXPECT_LT(relative_error(got, expected), 1e-5)
+            << tensor_type_name(type) << " batch " << batch << ", " << rows << " x " << cols;
+      }
+    }
+}
+
+// A row's products are the same bits whatever the rows beside it where the pass asks for that
+// (ProductPolicy::BatchInvariant, paged passes): each row of a batch against the same row alone, at the widths of a
+// small model (128: part of one K tile; 384) and a larger one (512: K split in two), with rows of part of a tile.
+TEST_F(GpuKernels, ProductsOfARowDoNotDependOnTheBatch) {
+  for (const TensorType type : {TensorType::F32, TensorType::F16, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K})
+    for (const int64_t cols : {128, 384, 512}) {
+      if (cols % tensor_type_info(type).block_elements != 0) continue;
+      for (const int64_t batch : {3, 9, 64}) {
+        const TestMatrix m = make_matrix(type, 72, cols, stream());
+        const DeviceMatrix weight{type, m.view(), m.rows, m.cols};
+        const std::vector<float> x = test::random_normal(static_cast<size_t>(batch * m.cols), 11);
+        Products products(m.rows * m.cols);
+        ActivationRows rows(batch, m.cols, ProductPolicy::BatchInvariant);
+        // y for rows first .. first + n - 1 of x.
+        const auto multiply = [&](int64_t first, int64_t n) {
+          check(gpuMemcpy(rows.f32(), x.data() + first * m.cols, static_cast<size_t>(n * m.cols) * sizeof(float),
+                          gpuMemcpyHostToDevice),
+                "copying x");
+          const DeviceBuffer y(static_cast<size_t>(n * m.rows) * sizeof(float), "y");
+          rows.changed();
+          const Products::Target target{weight, y.as<float>()};
+          products.multiply({&target, 1}, rows, n, false, stream());
+          synchronize();
+          return to_host<float>(y, static_cast<size_t>(n * m.rows));
+        };
+        const std::vector<float> batched = multiply(0, batch);
+        float largest = 0.0f, difference = 0.0f;
+        for (int64_t b = 0; b < batch; ++b) {
+          const std::vector<float> alone = multiply(b, 1);
+          for (int64_t r = 0; r < m.rows; ++r) {
+            largest = std::max(largest, std::fabs(alone[r]));
+            difference = std::max(difference, std::fabs(alone[r] - batched[b * m.rows + r]));
+          }
+        }
+        EXPECT_EQ(difference, 0.0f) << tensor_type_name(type) << ", " << cols << " columns, batch " << batch
+                                    << ": " << difference / largest << " of the largest output";
+      }
+    }
 }
 
 // Three matrices in one launch, with more rows than one wave of thread blocks covers and segment boundaries

@@ -58,6 +58,10 @@ TEST_F(BenchTest, ParallelJsonHasARowPerBatch) {
     for (const char* key : {"speed_pp", "speed_tg", "speed", "t_pp", "t_tg"})
       EXPECT_GT(row.at(key).get<double>(), 0.0) << key;
     EXPECT_DOUBLE_EQ(row.at("t").get<double>(), row.at("t_pp").get<double>() + row.at("t_tg").get<double>());
+    // A decoding step's forward pass and sampling are parts of it.
+    for (const char* key : {"step_ms", "forward_ms", "sampling_ms"}) EXPECT_GT(row.at(key).get<double>(), 0.0) << key;
+    EXPECT_GE(row.at("step_ms").get<double>(),
+              row.at("forward_ms").get<double>() + row.at("sampling_ms").get<double>());
   }
   // Every sequence of the largest row fits at once: 4 sequences of 24 positions in blocks of 16.
   EXPECT_EQ(json.at("kv_positions"), 4 * 32);
@@ -67,6 +71,7 @@ TEST_F(BenchTest, ParallelTable) {
   const std::string out = run_ok("bench -m '" + model_path("stories260K.gguf") + "' --parallel 2 -p 8 -n 4 -r 1");
   EXPECT_NE(out.find("|     PP |     TG |    B |   N_KV |"), std::string::npos) << out;
   EXPECT_NE(out.find("|      8 |      4 |    2 |     24 |"), std::string::npos) << out;
+  EXPECT_NE(out.find("A decoding step, in ms"), std::string::npos) << out;
 }
 
 TEST_F(BenchTest, ParallelRefusesBadListsAndSizes) {

@@ -239,6 +239,26 @@ TEST(KvBlockPool, AFailedReserveChangesNothing) {
   pool.verify();
 }
 
+// The scheduler's admission: start, reserve, and on failure release and start again on a later step. Only the
+// admission that got its blocks counts a prefix lookup and the blocks it reused.
+TEST(KvBlockPool, AdmissionsThatFailForWantOfBlocksCountNoReuse) {
+  KvBlockPool pool(4, 4);
+  run_prompt(pool, 1, run_of(0, 9));  // two full cached blocks and a partial one: one block free
+  const Tokens prompt = concat(run_of(0, 8), run_of(50, 8));
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    EXPECT_EQ(pool.start(2, prompt), 8);
+    EXPECT_FALSE(pool.reserve(2, 8));  // two blocks after the shared prefix, one free
+    pool.release(2);
+  }
+  pool.release(1);
+  EXPECT_EQ(run_prompt(pool, 2, prompt), 8);
+  const KvBlockPool::Stats stats = pool.stats();
+  EXPECT_EQ(stats.prefix_lookups, 2);
+  EXPECT_EQ(stats.reused_blocks, 2);
+  EXPECT_EQ(stats.reused_positions, 8);
+  pool.verify();
+}
+
 TEST(KvBlockPool, ForksShareBlocksAndCopyOnWrite) {
   KvBlockPool pool(16, 4);
   run_prompt(pool, 1, run_of(0, 6));  // blocks 0 (full, cached) and 1 (2 positions)

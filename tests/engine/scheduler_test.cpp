@@ -99,14 +99,7 @@ class SchedulerTest : public ::testing::TestWithParam<Placement> {
     if (GetParam().device == Device::Gpu && !gpu_available()) GTEST_SKIP() << "no GPU";
   }
   std::string model() const { return test::shared_path(GetParam().model); }
-  // On the GPU every product is an f16 GEMM of float activations, whatever the rows of a pass: with 8-bit ones, a
-  // row alone decodes through the 8-bit matrix-vector kernels and a row among many through f16 GEMMs, which differ
-  // by more than float rounding (batched 8-bit products are issue 40's performance work).
-  EngineOptions paged(int64_t context) const {
-    EngineOptions options = engine::paged(context, GetParam().device);
-    options.float_activations = GetParam().device == Device::Gpu;
-    return options;
-  }
+  EngineOptions paged(int64_t context) const { return engine::paged(context, GetParam().device); }
 };
 
 TEST_P(SchedulerTest, SixtyFourConcurrentRequestsEqualEachAlone) {

@@ -111,23 +111,6 @@ int64_t quantization_block(ActivationBlocks blocks) {
   return 1;
 }
 
-// Adds this thread block to the arrivals at `counter`; true in every thread of the block that arrives last
-// of `arrivals`, which also sets the counter back to zero for the next launch. The barrier orders the block's
-// partial results before its first thread's arrival, whose release makes them visible to the last block and
-// whose acquire (in the last block) makes the others' visible to it, the barrier after passing that on to the
-// block's threads. One acquire-release atomic is faster on an H200 than a fence in every thread before the barrier
-// and one after the atomic.
-__device__ bool arrive_last(unsigned* counter, unsigned arrivals) {
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = fetch_add_acq_rel(counter, 1u) == arrivals - 1;
-    if (last) *counter = 0;
-  }
-  __syncthreads();
-  return last;
-}
-
 // How a team of the decode kernel holds one row of a kv head (a key, a value, or the query heads of the
 // group): the query heads take slots of lanes_per_head() lanes (slots: the group rounded up to a power of two),
 // and within a slot lane `sub` takes pieces sub, sub + lanes_per_head, ... of the head: 8 values (16 bytes of the

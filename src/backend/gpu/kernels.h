@@ -78,6 +78,26 @@ bool matvec_two_types(TensorType type, std::span<const MatvecSegment> segments, 
                       const MatvecSegment& last, int64_t cols, const ProductInput& x, bool accumulate,
                       gpuStream_t stream);
 
+// Where the 8-bit tensor-core products put the parts of a K split (matmul_q8.cu): `part_floats` floats, and one
+// counter for each of `max_tiles` tiles, zeroed here and left zeroed by every launch; sized for this device.
+struct TileScratch {
+  TileScratch();
+  DeviceBuffer parts;
+  DeviceBuffer arrivals;
+  int64_t part_floats = 0;
+  int64_t max_tiles = 0;
+};
+
+// Whether matmul_q8 takes `type` on this device: quantized weights that meet 8-bit activations, on a GPU with int8
+// mma.sync (NVIDIA sm_80 and later).
+bool has_matmul_q8(TensorType type);
+
+// y (+)= dot(weight row r, x row b) for r < segment.rows, b < n, any n, on the tensor cores in integers, with the
+// scales of the matrix-vector kernels (x.q and x.scales), so that a row's results match theirs up to float rounding
+// and are the same bits whatever the other rows of x.
+void matmul_q8(TensorType type, const MatvecSegment& segment, int64_t cols, const ProductInput& x, int64_t n,
+               bool accumulate, const TileScratch& scratch, gpuStream_t stream);
+
 // Rows first_row .. first_row + n_rows of a weight as f16, row after row (the tile of a GEMM).
 void dequantize_to_f16(TensorType type, const WeightView& weight, int64_t cols, int64_t first_row, int64_t n_rows,
                        uint16_t* out, gpuStream_t stream);

@@ -29,15 +29,15 @@ DeviceMatrix device_matrix(const model::LazyTensor& weight) {
   return {weight.type(), view, weight.rows(), weight.cols()};
 }
 
-ActivationRows::ActivationRows(int64_t capacity, int64_t cols, bool float_activations)
+ActivationRows::ActivationRows(int64_t capacity, int64_t cols, ProductPolicy policy)
     : capacity_(capacity),
       cols_(cols),
-      float_activations_(float_activations),
+      policy_(policy),
       f32_(static_cast<size_t>(capacity * cols) * sizeof(float), "activations"),
       f16_(static_cast<size_t>(capacity * cols) * sizeof(uint16_t), "f16 activations") {
   // Quantized weights have rows of whole blocks: only such rows meet them.
   const auto allocate = [&](Quantized& form, int64_t block) {
-    if (cols % block != 0 || float_activations) return;
+    if (cols % block != 0 || policy == ProductPolicy::FloatActivations) return;
     form.q = DeviceBuffer(static_cast<size_t>(capacity * cols), "8-bit activations");
     form.scales = DeviceBuffer(static_cast<size_t>(capacity * cols / kActivationBlock) * sizeof(ActivationScale),
                                "activation scales");
@@ -61,7 +61,7 @@ ActivationOutput ActivationRows::output_for(TensorType consumer, int64_t n) {
   out.blocks = blocks;
   out.q = form.q.as<int8_t>();
   out.scales = form.scales.as<ActivationScale>();
-  if (runs_as_gemm(n)) {
+  if (product_path(consumer, n, policy_) == ProductPath::Gemm) {
     out.f16 = f16_.as<uint16_t>();
     half_current_ = true;
     half_blocks_ = blocks;
@@ -187,18 +187,52 @@ Products::Products(int64_t) {}
 
 Products::~Products() = default;
 
+ProductPath product_path(TensorType type, int64_t n, ProductPolicy policy) {
+  if (ROCMFORGE_GPU_BLAS && policy == ProductPolicy::FloatActivations) return ProductPath::Gemm;
+  const bool float_weights = activation_blocks(type) == ActivationBlocks::None;
+  if (policy == ProductPolicy::BatchInvariant) {
+    if (float_weights) return ProductPath::Matvec;
+    if (has_matmul_q8(type)) return ProductPath::Tiles;
+  }
+  if (n <= kMaxMatvecBatch) return ProductPath::Matvec;
+  if (has_matmul_q8(type) && n <= kMaxTiledRows) return ProductPath::Tiles;
+  return ROCMFORGE_GPU_BLAS ? ProductPath::Gemm : ProductPath::Matvec;
+}
+
 void Products::multiply(std::span<const Target> targets, ActivationRows& x, int64_t n, bool accumulate,
                         gpuStream_t stream) {
   for (const Target& target : targets)
     if (x.cols() != target.weight.cols)
       fail("product: activation rows have {} values, the weight rows {}", x.cols(), target.weight.cols);
+  const auto path = [&](const Target& target) { return product_path(target.weight.type, n, x.policy()); };
+  for (size_t first = 0; first < targets.size();) {
+    const Target& target = targets[first];
+    switch (path(target)) {
+      case ProductPath::Matvec: {
+        size_t end = first + 1;
+        while (end < targets.size() && path(targets[end]) == ProductPath::Matvec) ++end;
+        matvec_products(targets.subspan(first, end - first), x, n, accumulate, stream);
+        first = end;
+        continue;
+      }
+      case ProductPath::Tiles:
+        if (!tile_scratch_) tile_scratch_ = std::make_unique<TileScratch>();
+        matmul_q8(target.weight.type, {target.weight.view, target.weight.rows, target.y}, x.cols(),
+                  x.input_for(target.weight, n, false, stream), n, accumulate, *tile_scratch_, stream);
+        break;
+      case ProductPath::Gemm:
 #if ROCMFORGE_GPU_BLAS
-  if (runs_as_gemm(n, x.float_activations())) {
-    for (const Target& target : targets)
-      gemm(target.weight, x.input_for(target.weight, n, true, stream), n, target.y, accumulate, stream);
-    return;
-  }
+        gemm(target.weight, x.input_for(target.weight, n, true, stream), n, target.y, accumulate, stream);
+        ++gemms_;
 #endif
+        break;
+    }
+    ++first;
+  }
+}
+
+void Products::matvec_products(std::span<const Target> targets, ActivationRows& x, int64_t n, bool accumulate,
+                               gpuStream_t stream) {
   // Runs of consecutive targets of one type share a launch; for one activation row, so does a last target of
   // another type where a kernel takes the pair (matvec_two_types).
   const auto segment_of = [](const Target& target) {

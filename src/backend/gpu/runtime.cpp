@@ -37,7 +37,8 @@ DeviceInfo device_info() {
   gpuDeviceProp properties{};
   check(gpuGetDeviceProperties(&properties, 0), "reading the device's properties");
   return {properties.name, properties.multiProcessorCount, properties.warpSize,
-          static_cast<uint64_t>(properties.totalGlobalMem), static_cast<uint64_t>(properties.l2CacheSize)};
+          static_cast<uint64_t>(properties.totalGlobalMem), static_cast<uint64_t>(properties.l2CacheSize),
+          properties.major * 10 + properties.minor};
 }
 
 MemoryInfo memory_info() {

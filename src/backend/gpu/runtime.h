@@ -3,6 +3,7 @@
 // device memory, pinned memory, streams and events that free what they hold. Nothing here is device code:
 // kernels include device.cuh.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -123,6 +124,7 @@ struct DeviceInfo {
   int warp_size = 0;
   uint64_t memory_bytes = 0;
   uint64_t l2_bytes = 0;
+  int compute_capability = 0;  // major * 10 + minor (NVIDIA; AMD reports its own numbering)
 };
 // The current device (device 0 unless the caller selected another).
 DeviceInfo device_info();
@@ -161,8 +163,17 @@ class Buffer {
 
   void* data() const { return data_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   size_t bytes() const { return bytes_; }
+  // Makes room for at least `bytes`: where this buffer is smaller, a new, uninitialized one of at least twice its
+  // size, so that a size that creeps up reallocates rarely. Returns whether it reallocated.
+  bool reserve(size_t bytes, const char* what) {
+    if (bytes_ >= bytes) return false;
+    *this = Buffer(std::max(bytes, 2 * bytes_), what);
+    return true;
+  }
 
  private:
   void* data_ = nullptr;

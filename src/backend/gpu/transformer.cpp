@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <map>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -219,6 +220,13 @@ int64_t blocks_holding(const model::BatchSequence& sequence) {
   return model::kv_blocks_for(sequence.position + count(sequence.tokens));
 }
 
+// Float activations where asked; a paged cache's rows are many sequences, whose results must not depend on each
+// other.
+ProductPolicy product_policy(const TransformerOptions& options) {
+  if (options.float_activations) return ProductPolicy::FloatActivations;
+  return options.kv_blocks > 0 ? ProductPolicy::BatchInvariant : ProductPolicy::Fastest;
+}
+
 // A pass of a paged batch in device memory: its tokens, where they are, and the indices of the rows whose logits it
 // returns.
 struct PagedPass {
@@ -253,6 +261,8 @@ struct Transformer::State {
   // (none when null): device memory, or logits_host for the last row. A paged pass (`paged`, already on the device)
   // takes its rows' positions and cache rows from there, and returns the logits of its wanted rows instead.
   void enqueue(int64_t n, Logits which, float* logits, const PagedPass* paged = nullptr);
+  // A paged pass of n rows that each want their logits (to logits_all), from a graph where one is captured.
+  void enqueue_decoding(int64_t n, const PagedPass& paged);
   // A paged cache's batch, checked and its copies enqueued: its passes, and the logits its sequences ask for.
   std::span<const float> run_batch(std::span<const model::BatchSequence> batch);
   // Copies the keys and values of block `source` into block `destination`, in every layer (copy on write).
@@ -320,10 +330,19 @@ struct Transformer::State {
   PinnedBuffer logits_host;
   std::vector<float> all_logits;
   Graph decode_step;
-  // Paged: a pass's tokens, positions, table starts, wanted rows and block tables (run_batch), grown on demand.
+  // Paged: a pass's tokens, positions, table starts, wanted rows and block tables (run_batch), and the batch's
+  // logits, grown on demand; pinned, so that the copies run as DMA rather than through a staging copy.
   std::vector<model::BatchSequence> pass_parts;
-  std::vector<int32_t> pass_host;
+  PinnedBuffer pass_host;
   DeviceBuffer pass_device;
+  PinnedBuffer batch_logits;
+  // Paged decoding steps (every row a sequence's next token) by their rows: a graph captured at the second step of
+  // that size, unless the first ran a GEMM. Dropped when a buffer the graphs point into moves.
+  struct DecodingStep {
+    Graph graph;
+    bool capturable = true;
+  };
+  std::map<int64_t, DecodingStep> decoding_steps;
 };
 
 Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer_, const TransformerOptions& options)
@@ -341,12 +360,12 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
       keys(cache_bytes(config, row_starts.back()), "the key cache"),
       values(cache_bytes(config, row_starts.back()), "the value cache"),
       x(bytes_of_floats(max_batch * config.n_embd), "activations"),
-      normalized(max_batch, config.n_embd, options.float_activations),
+      normalized(max_batch, config.n_embd, product_policy(options)),
       q(bytes_of_floats(max_batch * config.q_dim()), "activations"),
       k(bytes_of_floats(max_batch * config.kv_dim()), "activations"),
       v(bytes_of_floats(max_batch * config.kv_dim()), "activations"),
-      attention_out(max_batch, config.q_dim(), options.float_activations),
-      hidden(max_batch, config.n_ff, options.float_activations),
+      attention_out(max_batch, config.q_dim(), product_policy(options)),
+      hidden(max_batch, config.n_ff, product_policy(options)),
       up(bytes_of_floats(max_batch * config.n_ff), "activations"),
       partials(bytes_of_floats(attention_partials_floats(shape, context)), "attention partials"),
       chain_arrivals(sizeof(unsigned), "the product chains' counter"),
@@ -414,7 +433,7 @@ void Transformer::State::forward_batch(int64_t n, int64_t position, Logits which
     return;
   }
 
-  if (logits_all.bytes() < bytes_of_floats(n * vocab)) logits_all = DeviceBuffer(bytes_of_floats(n * vocab), "logits");
+  logits_all.reserve(bytes_of_floats(n * vocab), "logits");
   enqueue(n, Logits::All, logits_all.as<float>());
   check(gpuMemcpyAsync(&all_logits[static_cast<size_t>(first_row * vocab)], logits_all.data(),
                        bytes_of_floats(n * vocab), gpuMemcpyDeviceToHost, stream.get()),
@@ -594,8 +613,8 @@ std::span<const float> Transformer::State::run_batch(std::span<const model::Batc
   const int64_t vocab = config.vocab_size;
   int64_t logits_count = 0;
   for (const model::BatchSequence& sequence : batch) logits_count += model::logits_rows(sequence);
-  all_logits.resize(static_cast<size_t>(logits_count * vocab));
-  float* logits = all_logits.data();
+  batch_logits.reserve(bytes_of_floats(logits_count * vocab), "the batch's logits");
+  float* logits = batch_logits.as<float>();
   model::for_each_pass(batch, max_batch, pass_parts, [&](std::span<const model::BatchSequence> pass) {
     // One upload: the pass's tokens, their positions, where their sequence's table starts, the rows whose logits
     // are wanted, and the tables (each part's blocks up to its last token's).
@@ -607,8 +626,9 @@ std::span<const float> Transformer::State::run_batch(std::span<const model::Batc
       wanted += model::logits_rows(part);
       blocks += blocks_holding(part);
     }
-    pass_host.resize(static_cast<size_t>(3 * n + wanted + blocks));
-    int32_t* const tokens = pass_host.data();
+    const size_t bytes = static_cast<size_t>(3 * n + wanted + blocks) * sizeof(int32_t);
+    pass_host.reserve(bytes, "the pass's tokens and block tables");
+    int32_t* const tokens = pass_host.as<int32_t>();
     int32_t* const positions = tokens + n;
     int32_t* const table_starts = positions + n;
     int32_t* const wanted_rows = table_starts + n;
@@ -625,8 +645,7 @@ std::span<const float> Transformer::State::run_batch(std::span<const model::Batc
       for (int64_t r = row - model::logits_rows(part); r < row; ++r) wanted_rows[wanted_row++] = static_cast<int32_t>(r);
       table = std::copy_n(part.blocks.begin(), blocks_holding(part), table);
     }
-    const size_t bytes = pass_host.size() * sizeof(int32_t);
-    if (pass_device.bytes() < bytes) pass_device = DeviceBuffer(bytes, "the pass's tokens and block tables");
+    if (pass_device.reserve(bytes, "the pass's tokens and block tables")) decoding_steps.clear();
     check(gpuMemcpyAsync(pass_device.data(), pass_host.data(), bytes, gpuMemcpyHostToDevice, stream.get()),
           "copying the pass's tokens and block tables");
     const int32_t* const device = pass_device.as<int32_t>();
@@ -635,9 +654,11 @@ std::span<const float> Transformer::State::run_batch(std::span<const model::Batc
     if (wanted == 0) {
       enqueue(n, Logits::None, nullptr, &paged);
     } else {
-      if (logits_all.bytes() < bytes_of_floats(wanted * vocab))
-        logits_all = DeviceBuffer(bytes_of_floats(wanted * vocab), "logits");
-      enqueue(n, Logits::All, logits_all.as<float>(), &paged);
+      if (logits_all.reserve(bytes_of_floats(wanted * vocab), "logits")) decoding_steps.clear();
+      if (graphs && wanted == n)
+        enqueue_decoding(n, paged);
+      else
+        enqueue(n, Logits::All, logits_all.as<float>(), &paged);
       check(gpuMemcpyAsync(logits, logits_all.data(), bytes_of_floats(wanted * vocab), gpuMemcpyDeviceToHost,
                            stream.get()),
             "copying logits");
@@ -645,7 +666,24 @@ std::span<const float> Transformer::State::run_batch(std::span<const model::Batc
     }
     stream.synchronize();  // before the next pass rewrites pass_host
   });
-  return all_logits;
+  return {batch_logits.as<float>(), static_cast<size_t>(logits_count * vocab)};
+}
+
+void Transformer::State::enqueue_decoding(int64_t n, const PagedPass& paged) {
+  const auto [found, first] = decoding_steps.try_emplace(n);
+  DecodingStep& step = found->second;
+  if (first || !step.capturable) {
+    const int64_t gemms = products.gemms();
+    enqueue(n, Logits::All, logits_all.as<float>(), &paged);
+    step.capturable = products.gemms() == gemms;
+    return;
+  }
+  if (!step.graph.ready()) {
+    // A capture records launches, not uploads: every weight must be on the device before.
+    preload_from(plan, first_layer);
+    step.graph.capture(stream.get(), [&] { enqueue(n, Logits::All, logits_all.as<float>(), &paged); });
+  }
+  step.graph.launch(stream.get());
 }
 
 void Transformer::State::copy_block(model::BlockId source, model::BlockId destination) {

@@ -8,7 +8,9 @@
 // token and its position travel to the device as data, so the recorded launches never change. A transformer
 // may run the last layers only (and the output), the layers before it running on the CPU: it then takes the
 // residual stream those layers made instead of tokens (make_residency's first_layer). A transformer with a paged KV
-// cache (TransformerOptions::kv_blocks) evaluates batches of many sequences instead, without graphs or chains.
+// cache (TransformerOptions::kv_blocks) evaluates batches of many sequences instead, without chains; its decoding
+// steps (a token of each sequence) replay a graph captured for their number of rows, the rows' tokens, positions and
+// block tables travelling as data.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -91,6 +91,12 @@ inline constexpr int64_t kQ6KChunkMaxRowBlocks = INT64_MAX;
 // Q6_K chunks a lane loads before it decodes the first: three or four ran the down products slower than two.
 inline constexpr int kQ6KChunksInFlight = 2;
 
+// ---- 8-bit tensor-core products (matmul_q8.cu) ----
+
+// A matrix whose row tiles give fewer thread blocks than this a multiprocessor splits K until it has them: a thread
+// block stages one K tile at a time, so a multiprocessor needs several blocks in flight to keep device memory busy.
+inline constexpr int64_t kMatmulQ8BlocksPerMultiprocessor = 4;
+
 // ---- product chains (product_chain.cu; CUDA on Hopper only) ----
 
 // Consumer warps a block, besides its producer: twelve consume a stage as fast as device memory fills it; eight, ten,
