@@ -48,7 +48,8 @@ struct ActivationOutput {
   uint16_t* f16 = nullptr;
 };
 
-// Batches up to this size run as matrix-vector products that read each weight once for all rows.
+// Batches up to this size can run as matrix-vector products that read each weight once for all rows (which
+// product a batch takes: products.h, ProductPolicy).
 constexpr int kMaxMatvecBatch = 8;
 
 // Whether the kernels read `type` (the float types, the legacy quants, the K-quants, IQ4_NL, IQ4_XS).
