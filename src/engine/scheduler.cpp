@@ -72,6 +72,9 @@ struct Scheduler::Running {
         sequence(std::move(sequence_)),
         tokens(std::move(tokens_)) {}
 
+  // Whether the request's other choices are still to be forked from its prompt's logits (choice 0 only).
+  bool forks_pending() const { return choice == 0 && !forked && request->request.choices > 1; }
+
   SequenceId id;
   std::shared_ptr<RequestState> request;
   int32_t choice;
@@ -272,6 +275,12 @@ void Scheduler::preempt(Work& work) {
   waiting_.push_front(std::move(victim));
 }
 
+model::Logits Scheduler::newest_logits(const Running& sequence) {
+  // The other choices sample the prompt's logits with seeds of their own.
+  return sequence.sequence.steps_from_argmax() && !sequence.forks_pending() ? model::Logits::Argmax
+                                                                            : model::Logits::Last;
+}
+
 void Scheduler::run(Work& work) {
   std::vector<model::BatchSequence> batch;
   batch.reserve(work.chunks.size());
@@ -282,17 +291,20 @@ void Scheduler::run(Work& work) {
         {.tokens = std::span(sequence.tokens).subspan(static_cast<size_t>(computed), static_cast<size_t>(chunk.tokens)),
          .position = computed,
          .blocks = pool_.table(sequence.id),
-         .logits = chunk.logits ? model::Logits::Last : model::Logits::None});
+         .logits = chunk.logits ? newest_logits(sequence) : model::Logits::None});
   }
   const Clock::time_point step_start = Clock::now();
   const std::span<const float> logits = engine_.forward_pass().forward(batch, work.copies);
+  const std::span<const int32_t> argmax = engine_.forward_pass().argmax();
   const Clock::time_point forwarded = Clock::now();
 
   const auto vocab = static_cast<size_t>(engine_.config().vocab_size);
   size_t row = 0;
+  size_t argmax_row = 0;
   int64_t prompt = 0, decoded = 0, recomputed = 0;
   std::vector<Stepping> stepping;
-  for (const Work::Chunk& chunk : work.chunks) {
+  for (size_t i = 0; i < work.chunks.size(); ++i) {
+    const Work::Chunk& chunk = work.chunks[i];
     Running& sequence = *chunk.sequence;
     const int64_t start = pool_.computed(sequence.id);
     const int64_t end = start + chunk.tokens;
@@ -303,10 +315,12 @@ void Scheduler::run(Work& work) {
     prompt += std::max<int64_t>(0, std::min(end, prompt_size) - fresh_start);
     decoded += std::max<int64_t>(0, end - std::max(fresh_start, prompt_size));
     sequence.high_water = std::max(sequence.high_water, end);
-    if (chunk.logits) {
+    if (batch[i].logits == model::Logits::Argmax) {
+      stepping.push_back({&sequence, {}, argmax[argmax_row++], std::nullopt});
+    } else if (chunk.logits) {
       const std::span<const float> row_logits = logits.subspan(vocab * row++, vocab);
       fork(sequence, row_logits, stepping);
-      stepping.push_back({&sequence, row_logits, std::nullopt});
+      stepping.push_back({&sequence, row_logits, kNoToken, std::nullopt});
     }
   }
   // Sampling, detokenizing and matching stop strings are each sequence's own work: they run in parallel.
@@ -320,6 +334,7 @@ void Scheduler::run(Work& work) {
     stats_.prompt_tokens += prompt;
     stats_.decoded_tokens += decoded;
     stats_.recomputed_tokens += recomputed;
+    stats_.argmax_rows += static_cast<int64_t>(argmax_row);
     stats_.forward_seconds += seconds_between(step_start, forwarded);
     stats_.sampling_seconds += seconds_between(forwarded, Clock::now());
   }
@@ -327,7 +342,7 @@ void Scheduler::run(Work& work) {
 }
 
 void Scheduler::fork(Running& sequence, std::span<const float> logits, std::vector<Stepping>& stepping) {
-  if (sequence.choice != 0 || sequence.forked) return;
+  if (!sequence.forks_pending()) return;
   sequence.forked = true;
   RequestState& state = *sequence.request;
   for (int32_t choice = 1; choice < state.request.choices; ++choice) {
@@ -344,7 +359,7 @@ void Scheduler::fork(Running& sequence, std::span<const float> logits, std::vect
     child->forked = true;
     child->high_water = sequence.high_water;
     pool_.fork(sequence.id, child->id);
-    stepping.push_back({running_.emplace_back(std::move(child)).get(), logits, std::nullopt});
+    stepping.push_back({running_.emplace_back(std::move(child)).get(), logits, kNoToken, std::nullopt});
   }
 }
 
@@ -358,6 +373,7 @@ std::optional<Step> Scheduler::sample(const Stepping& next) const {
   if (sequence.sequence.finished()) return std::nullopt;
   // The token chosen now would be evaluated at position tokens.size().
   const bool context_full = static_cast<int64_t>(sequence.tokens.size()) >= sequence_context_;
+  if (next.logits.empty()) return sequence.sequence.step(next.token, context_full);
   return sequence.sequence.step(next.logits, context_full);
 }
 

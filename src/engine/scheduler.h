@@ -78,6 +78,9 @@ class Scheduler {
     int64_t prompt_tokens = 0;      // prompt positions computed (not those taken from cached blocks)
     int64_t decoded_tokens = 0;     // generated tokens evaluated
     int64_t recomputed_tokens = 0;  // positions computed again after a preemption
+    // Rows of logits that the forward pass reduced to the index of their largest (model::Logits::Argmax) instead of
+    // returning them: the newest positions of greedy sequences.
+    int64_t argmax_rows = 0;
     int64_t preemptions = 0;
     int64_t running = 0;
     int64_t waiting = 0;
@@ -113,12 +116,17 @@ class Scheduler {
   void schedule(Work& work);
   // Frees the newest running sequence's blocks and queues it first among the waiting.
   void preempt(Work& work);
-  // A sequence to step with the logits of its newest position, and the step it takes (none: it had finished).
+  // A sequence to step with the logits of its newest position, or (logits empty) with the token that the forward pass
+  // chose from them as their argmax, and the step it takes (none: it had finished).
   struct Stepping {
     Running* sequence;
     std::span<const float> logits;
+    int32_t token = kNoToken;
     std::optional<Step> step;
   };
+  // What a chunk that ends with its sequence's newest token asks for: the argmax of its logits where that is all the
+  // sequence's step needs and no choices are still to be forked from them, else its logits.
+  static model::Logits newest_logits(const Running& sequence);
   // Evaluates the batch and steps each sequence whose newest position it computed.
   void run(Work& work);
   // At the prompt's logits of a request's first choice, starts its other choices from the same blocks and lists

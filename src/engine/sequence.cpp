@@ -20,16 +20,24 @@ Sequence::Sequence(std::span<const int32_t> prompt, const GenerationParams& para
 }
 
 Step Sequence::step(std::span<const float> logits, bool context_full) {
+  const size_t generated = tokens_.size();
+  Step step = this->step(sampler_.sample(logits), context_full);
+  // Log-probabilities are those of a token of the output, which an end-of-generation token is not.
+  if (top_logprobs_ && tokens_.size() > generated)
+    step.logprobs = sampling::token_logprobs(logits, step.token, *top_logprobs_);
+  return step;
+}
+
+Step Sequence::step(int32_t token, bool context_full) {
   if (finished()) fail("the sequence has finished: it takes no more steps");
   Step step;
-  step.token = sampler_.sample(logits);
+  step.token = token;
   sampler_.accept(step.token);
   if (!ignore_eos_ && tokenizer_.is_end_of_generation(step.token)) {
     finish(step, FinishReason::EndOfGeneration);
     return step;
   }
   tokens_.push_back(step.token);
-  if (top_logprobs_) step.logprobs = sampling::token_logprobs(logits, step.token, *top_logprobs_);
   step.text = stop_strings_.push(detokenizer_.push(step.token));
   if (stop_strings_.matched())
     finish(step, FinishReason::StopString);
@@ -38,6 +46,10 @@ Step Sequence::step(std::span<const float> logits, bool context_full) {
   else if (context_full)
     finish(step, FinishReason::ContextFull);
   return step;
+}
+
+bool Sequence::steps_from_argmax() const {
+  return sampling::chooses_largest_logit(sampler_.params()) && !top_logprobs_;
 }
 
 Step Sequence::cancel(FinishReason reason) {

@@ -57,10 +57,17 @@ class Sequence {
   Sequence(std::span<const int32_t> prompt, const GenerationParams& params, const Tokenizer& tokenizer);
 
   // Chooses the next token from `logits` (one per vocabulary entry: those of the newest position, the prompt's
-  // last token or the token chosen before) and finishes the sequence where that token ends it.
-  // `context_full`: no position is left to evaluate the token chosen now, so it is the last one. Calling it
-  // after the sequence has finished is an rf::Error.
+  // last token or the token chosen before) and takes it (step(token, context_full)), with its log-probabilities
+  // where asked for.
   Step step(std::span<const float> logits, bool context_full);
+  // Takes `token` as the next one, chosen from the logits of the newest position by whoever holds them (the index of
+  // their largest where steps_from_argmax()): the sampler's penalties see it, and the sequence finishes where it
+  // ends it. No log-probabilities: those come with the logits. `context_full`: no position is left to evaluate this
+  // token, so it is the last one. Calling it after the sequence has finished is an rf::Error.
+  Step step(int32_t token, bool context_full);
+  // Whether the index of the largest logit of the newest position is all that a step needs: the sampler chooses the
+  // largest logit (sampling::chooses_largest_logit) and no log-probabilities are asked for.
+  bool steps_from_argmax() const;
   // Finishes the sequence between steps (Cancelled or Deadline); returns a step without a token that brings the text
   // held back. Changes nothing, and returns an empty step, when the sequence has finished already.
   Step cancel(FinishReason reason = FinishReason::Cancelled);

@@ -50,6 +50,10 @@ std::span<const float> ForwardPass::forward(std::span<const BatchSequence>, std:
   fail("this forward pass keeps one sequence's KV cache: batches of sequences need a paged one (kv_blocks)");
 }
 
+void check_single_sequence(Logits which) {
+  if (which == Logits::Argmax) fail("forward: Logits::Argmax is for batches of sequences");
+}
+
 void check_batch(const ModelConfig& config, std::span<const BatchSequence> batch, std::span<const BlockCopy> copies,
                  int64_t kv_blocks) {
   const auto check_block = [kv_blocks](BlockId block) {

@@ -15,6 +15,9 @@ enum class Logits {
   Last,  // of the last token only (generation)
   All,   // of every token, row by row (evaluation, perplexity)
   None,  // none: a chunk of a prompt that later chunks continue (batches only)
+  // Of the last token, as Last, but only the index of its largest logit is returned (ForwardPass::argmax; the first
+  // of equal ones, util/argmax.h), computed where the logits are: what a greedy step needs (batches only).
+  Argmax,
 };
 
 // A paged KV cache (engine::KvBlockPool decides which block holds what) keeps a sequence's position p in block
@@ -62,23 +65,31 @@ class ForwardPass {
   // A pass constructed with a paged KV cache of kv_blocks() > 0 blocks evaluates batches of many sequences instead
   // (the single-sequence calls above are then rf::Errors): first the copies, in order, then every sequence's tokens
   // in one pass per max_batch() tokens, each weight read once per pass. Returns the logits each sequence asks for,
-  // in the batch's order (Last: one row, All: one per token, None: none); valid until the next call. A token out
-  // of range, a block id outside the pool, a table too short for its positions, or positions past the model's
-  // learned ones are rf::Errors raised before anything is computed.
+  // in the batch's order (Last: one row, All: one per token, None and Argmax: none); valid until the next call. A
+  // token out of range, a block id outside the pool, a table too short for its positions, or positions past the
+  // model's learned ones are rf::Errors raised before anything is computed.
   virtual std::span<const float> forward(std::span<const BatchSequence> batch, std::span<const BlockCopy> copies);
+  // The tokens of the last batch's Argmax sequences, in the batch's order: each the index of the largest logit of
+  // its last token; valid until the next call.
+  virtual std::span<const int32_t> argmax() const { return {}; }
   virtual int64_t kv_blocks() const { return 0; }
   virtual int64_t max_batch() const = 0;  // tokens per pass
 };
 
-// The logits rows a sequence of a batch asks for: one (Last), one per token (All) or none.
+// The logits rows a sequence of a batch gets back: one (Last), one per token (All) or none (None, Argmax).
 inline int64_t logits_rows(const BatchSequence& sequence) {
   const auto tokens = static_cast<int64_t>(sequence.tokens.size());
   return sequence.logits == Logits::All ? tokens : sequence.logits == Logits::Last ? 1 : 0;
 }
 
+// The logits rows a pass computes for a sequence of a batch: those it gets back, or the row whose argmax it gets.
+inline int64_t computed_logits_rows(const BatchSequence& sequence) {
+  return sequence.logits == Logits::Argmax ? 1 : logits_rows(sequence);
+}
+
 // Cuts `batch` into passes of at most max_batch tokens, its sequences in order, and calls pass(parts) for each: a
-// sequence that does not fit continues in the next pass and asks for its last token's logits in the part that holds
-// it. `parts` is the caller's scratch, kept across calls so that steady decoding allocates nothing.
+// sequence that does not fit continues in the next pass and asks for its last token's logits (or their argmax) in
+// the part that holds it. `parts` is the caller's scratch, kept across calls so that steady decoding allocates nothing.
 template <typename Pass>
 void for_each_pass(std::span<const BatchSequence> batch, int64_t max_batch, std::vector<BatchSequence>& parts,
                    const Pass& pass) {
@@ -105,6 +116,9 @@ void for_each_pass(std::span<const BatchSequence> batch, int64_t max_batch, std:
 // An rf::Error naming what in a batch for a pool of `kv_blocks` blocks is wrong (ForwardPass::forward's checks).
 void check_batch(const ModelConfig& config, std::span<const BatchSequence> batch, std::span<const BlockCopy> copies,
                  int64_t kv_blocks);
+
+// An rf::Error where a single-sequence forward() is asked for what only a batch returns (Logits::Argmax).
+void check_single_sequence(Logits which);
 
 // An rf::Error naming a token id outside the vocabulary.
 void check_tokens(const ModelConfig& config, std::span<const int32_t> tokens);

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "util/argmax.h"
 #include "util/error.h"
 
 namespace rf::sampling {
@@ -50,6 +51,10 @@ void apply_logit_bias(std::vector<Candidate>& candidates, const std::map<int32_t
 
 bool penalizes(const SamplingParams& params) {
   return params.repeat_penalty != 1.0f || params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f;
+}
+
+bool chooses_largest_logit(const SamplingParams& params) {
+  return params.temperature <= 0.0f && params.logit_bias.empty() && !penalizes(params);
 }
 
 void apply_penalties(std::vector<Candidate>& candidates, std::span<const int32_t> recent,
@@ -129,9 +134,9 @@ std::span<const Candidate> Sampler::distribution(std::span<const float> logits) 
   if (logits.empty()) fail("cannot sample from an empty row of logits");
   // Greedy over untouched logits is their first largest: listing the whole vocabulary as candidates would cost
   // several times the search, for every sequence of a batched step.
-  if (params_.temperature <= 0.0f && params_.logit_bias.empty() && !penalizes(params_)) {
-    const auto best = std::max_element(logits.begin(), logits.end());
-    candidates_.assign(1, {static_cast<int32_t>(best - logits.begin()), *best, 1.0f});
+  if (chooses_largest_logit(params_)) {
+    const int32_t best = index_of_largest(logits);
+    candidates_.assign(1, {best, logits[static_cast<size_t>(best)], 1.0f});
     return candidates_;
   }
   candidates_.resize(logits.size());

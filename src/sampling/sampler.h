@@ -54,6 +54,10 @@ void apply_logit_bias(std::vector<Candidate>& candidates, const std::map<int32_t
 // Whether the repetition, frequency or presence penalty changes any logit.
 bool penalizes(const SamplingParams& params);
 
+// Whether the sampler chooses the first largest of the logits as they come (util/argmax.h): greedy, with no logit bias
+// and no penalties.
+bool chooses_largest_logit(const SamplingParams& params);
+
 // Penalizes each token that occurs in `recent` (the tokens the penalties look back over), as llama.cpp's
 // penalties sampler: a positive logit is divided by repeat_penalty and a negative one multiplied (so the
 // token always becomes less likely), then count * frequency_penalty + presence_penalty is subtracted.

@@ -8,7 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
+#include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +25,7 @@
 #include "quant/blocks.h"
 #include "quant/quant.h"
 #include "random_normal.h"
+#include "util/argmax.h"
 #include "util/half.h"
 
 namespace rf::gpu {
@@ -389,6 +393,36 @@ TEST_F(GpuKernels, RmsnormMatchesCpu) {
   std::vector<float> expected(x.size());
   for (int64_t r = 0; r < rows; ++r) cpu::rmsnorm(&expected[r * cols], &x[r * cols], weight.data(), cols, 1e-5f);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], expected[i], 1e-4f * std::fabs(expected[i]) + 1e-6f) << i;
+}
+
+// The first of equal largest values (index_of_largest) however a row is shared out among the kernel's threads: ties
+// between threads, warps and one thread's rounds of loads, rows shorter than the threads and as long as Llama 3's
+// vocabulary, a row of one value repeated, and a row of -infinity.
+TEST_F(GpuKernels, ArgmaxRowsTakesTheFirstLargest) {
+  for (const int64_t cols : {1, 7, 1000, 1024, 1025, 8195, 128256}) {
+    SCOPED_TRACE(cols);
+    const auto width = static_cast<size_t>(cols);
+    std::vector<float> x;
+    const auto planted = [&](uint32_t seed, std::initializer_list<int64_t> positions) {
+      std::vector<float> row = test::random_normal(width, seed);
+      for (const int64_t p : positions)
+        if (p < cols) row[static_cast<size_t>(p)] = 10.0f;
+      x.insert(x.end(), row.begin(), row.end());
+    };
+    planted(1, {});
+    planted(2, {cols - 1, cols / 2, cols / 3, 1});
+    planted(3, {cols / 5 + 8192, cols / 5 + 1024, cols / 5});
+    x.insert(x.end(), width, 0.5f);
+    x.insert(x.end(), width, -std::numeric_limits<float>::infinity());
+    const int64_t rows = static_cast<int64_t>(x.size()) / cols;
+    const DeviceBuffer x_device = to_device(x);
+    DeviceBuffer out(static_cast<size_t>(rows) * sizeof(int32_t), "out");
+    argmax_rows(x_device.as<float>(), rows, cols, out.as<int32_t>(), stream());
+    synchronize();
+    const std::vector<int32_t> got = to_host<int32_t>(out, static_cast<size_t>(rows));
+    for (size_t r = 0; r < got.size(); ++r)
+      EXPECT_EQ(got[r], index_of_largest(std::span(x).subspan(r * width, width))) << "row " << r;
+  }
 }
 
 TEST_F(GpuKernels, SwigluMatchesCpu) {

@@ -1,8 +1,9 @@
 // The GPU's paged forward pass evaluates many sequences at once, each through its own block table of a shared pool:
 // every sequence gets the logits that the GPU's single-sequence transformer (contiguous cache, graphs, fused decode
 // attention) gives it alone, and those that the CPU's paged pass gives it in the same batch, whatever its blocks, its
-// starting position, the other sequences of the batch, or the passes the batch is cut into. The harness and the
-// scenarios are paged_harness.h's, as paged_batch_test.cpp runs them on the CPU.
+// starting position, the other sequences of the batch, or the passes the batch is cut into; and a sequence that asks
+// for the argmax of its logits gets the index of their largest, from any mix of decoding rows that one graph replays.
+// The harness and the scenarios are paged_harness.h's, as paged_batch_test.cpp runs them on the CPU.
 #include <gtest/gtest.h>
 
 #if ROCMFORGE_HAVE_GPU
@@ -114,6 +115,10 @@ TEST_P(GpuPagedBatchTest, SequencesGetTheLogitsTheyGetAlone) {
 
 TEST_P(GpuPagedBatchTest, ForkedSequenceContinuesFromACopiedBlock) {
   test::expect_forked_sequence_continues_from_a_copied_block<GpuPagedBatch>(GetParam());
+}
+
+TEST_P(GpuPagedBatchTest, ArgmaxSequencesGetTheirLargestLogit) {
+  test::expect_argmax_sequences_get_their_largest_logit<GpuPagedBatch>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuPagedBatchTest, test::paged_models(), test::model_name);

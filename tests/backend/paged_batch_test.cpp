@@ -1,7 +1,8 @@
 // A paged forward pass evaluates many sequences at once, each through its own block table of a shared pool: every
 // sequence gets the logits that a single-sequence transformer (contiguous cache) gives it alone, whatever its
-// blocks, its starting position, the other sequences of the batch, or the passes the batch is cut into. The
-// harness and the scenarios are paged_harness.h's.
+// blocks, its starting position, the other sequences of the batch, or the passes the batch is cut into, and a
+// sequence that asks for the argmax of its logits gets the index of their largest. The harness and the scenarios are
+// paged_harness.h's.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -48,6 +49,10 @@ TEST_P(PagedBatchTest, SequencesGetTheLogitsTheyGetAlone) {
 
 TEST_P(PagedBatchTest, ForkedSequenceContinuesFromACopiedBlock) {
   test::expect_forked_sequence_continues_from_a_copied_block<PagedBatch>(GetParam());
+}
+
+TEST_P(PagedBatchTest, ArgmaxSequencesGetTheirLargestLogit) {
+  test::expect_argmax_sequences_get_their_largest_logit<PagedBatch>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PagedBatchTest, test::paged_models(), test::model_name);

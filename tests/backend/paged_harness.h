@@ -2,7 +2,8 @@
 // sequences evaluated in batches through block tables of a shared pool, each compared with the same sequence alone
 // on a single-sequence transformer of the same backend, in the scenarios both backends run, and the errors both
 // name. A backend supplies its passes and its tolerance (Backend below); the GPU's harness also compares each batch
-// with the CPU's paged pass (check_batch).
+// with the CPU's paged pass (check_batch). A batch with Argmax sequences runs again with Last in their place, which
+// their argmax must be the largest logit of.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -23,6 +24,7 @@
 #include "model/execution_plan.h"
 #include "model/forward_pass.h"
 #include "test_paths.h"
+#include "util/argmax.h"
 
 namespace rf::test {
 
@@ -115,7 +117,8 @@ class PagedBatch {
   }
 
   // Runs the parts as one batch after `copies` on the paged pass, and each part alone on its sequence's own
-  // transformer; expects each row of the batch within the backend's tolerance of the same row alone.
+  // transformer; expects each row of the batch within the backend's tolerance of the same row alone, and each Argmax
+  // part's token to be that of the largest logit the part gets with Last (expect_argmax_of_last_logits).
   void step(const std::vector<Part>& parts, const std::vector<model::BlockCopy>& copies = {}) {
     std::vector<model::BatchSequence> batch;
     for (const Part& part : parts) {
@@ -126,6 +129,8 @@ class PagedBatch {
     }
     const std::span<const float> got = paged_->forward(batch, copies);
     check_batch(batch, copies, got);
+    const std::vector<float> got_rows(got.begin(), got.end());
+    const std::vector<int32_t> argmax(paged_->argmax().begin(), paged_->argmax().end());
 
     const auto vocab = static_cast<size_t>(config().vocab_size);
     size_t row = 0;
@@ -135,7 +140,7 @@ class PagedBatch {
       const model::Logits which = part.logits == model::Logits::All ? model::Logits::All : model::Logits::Last;
       const std::span<const float> expected = sequence.alone->forward(part.tokens, position, which);
       sequence.tokens.insert(sequence.tokens.end(), part.tokens.begin(), part.tokens.end());
-      if (part.logits == model::Logits::None) continue;
+      if (part.logits == model::Logits::None || part.logits == model::Logits::Argmax) continue;
       ASSERT_LE(row * vocab + expected.size(), got.size()) << "the batch returned " << got.size() / vocab << " rows";
       for (size_t first = 0; first < expected.size(); first += vocab, ++row) {
         float largest_logit = 0.0f;
@@ -150,6 +155,41 @@ class PagedBatch {
       }
     }
     EXPECT_EQ(row * vocab, got.size());
+    expect_argmax_of_last_logits(batch, got_rows, argmax);
+  }
+
+  // Runs `batch` (just run, which returned the rows `got` and the tokens `argmax`) once more with Last in place of
+  // Argmax, writing the same keys and values again: expects each Argmax sequence's token to be the index of the
+  // largest logit of its row now, and every row returned before to be the same bits now.
+  void expect_argmax_of_last_logits(std::vector<model::BatchSequence> batch, const std::vector<float>& got,
+                                    const std::vector<int32_t>& argmax) {
+    std::vector<bool> asked_argmax;
+    for (model::BatchSequence& sequence : batch) {
+      asked_argmax.push_back(sequence.logits == model::Logits::Argmax);
+      if (asked_argmax.back()) sequence.logits = model::Logits::Last;
+    }
+    const auto asking = static_cast<size_t>(std::count(asked_argmax.begin(), asked_argmax.end(), true));
+    ASSERT_EQ(argmax.size(), asking);
+    if (asking == 0) return;
+    const std::span<const float> with_last = paged_->forward(batch, {});
+    const auto vocab = static_cast<size_t>(config().vocab_size);
+    size_t row = 0;         // of with_last
+    size_t got_row = 0;     // of got
+    size_t argmax_row = 0;  // of argmax
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const auto rows = static_cast<size_t>(model::logits_rows(batch[i]));
+      ASSERT_LE((row + rows) * vocab, with_last.size());
+      if (asked_argmax[i]) {
+        EXPECT_EQ(argmax[argmax_row++], index_of_largest(with_last.subspan(row * vocab, vocab))) << "sequence " << i;
+      } else {
+        EXPECT_TRUE(std::equal(got.begin() + static_cast<std::ptrdiff_t>(got_row * vocab),
+                               got.begin() + static_cast<std::ptrdiff_t>((got_row + rows) * vocab),
+                               with_last.begin() + static_cast<std::ptrdiff_t>(row * vocab)))
+            << "sequence " << i << "'s logits changed when others asked for their argmax";
+        got_row += rows;
+      }
+      row += rows;
+    }
   }
 
   // Prints how far the batches' rows were from the same rows alone, over every step so far.
@@ -180,6 +220,19 @@ class PagedBatch {
   float largest_relative_difference_ = 0.0f;
 };
 
+// Calls check(float_activations, max_batch, run) with float and with 8-bit activations, each in passes of 512 and of 5
+// tokens; `run` names the setting.
+template <typename Check>
+void for_each_setting(const Check& check) {
+  for (const bool float_activations : {true, false})
+    for (const int64_t max_batch : {512, 5}) {
+      const std::string run =
+          std::string(float_activations ? "float" : "8-bit") + " activations, max_batch " + std::to_string(max_batch);
+      SCOPED_TRACE(run);
+      check(float_activations, max_batch, run);
+    }
+}
+
 // Prompts of different lengths, one of them in two chunks (None, then Last) and one with every row's logits; then
 // continuations at the positions the prompts reached, with a new prompt beside them; then decode steps of a token
 // each, crossing block boundaries. With max_batch 5 the same batches run in passes that cut sequences apart. With
@@ -187,31 +240,27 @@ class PagedBatch {
 template <typename Runs>
 void expect_sequences_get_the_logits_they_get_alone(const std::string& name) {
   using model::Logits;
-  for (const bool float_activations : {true, false})
-    for (const int64_t max_batch : {512, 5}) {
-      const std::string run =
-          std::string(float_activations ? "float" : "8-bit") + " activations, max_batch " + std::to_string(max_batch);
-      SCOPED_TRACE(run);
-      Runs runs(model_path(name), max_batch, float_activations);
-      const model::ModelConfig& c = runs.config();
-      Sequence& a = runs.start();
-      Sequence& b = runs.start();
-      Sequence& chunked = runs.start();
-      Sequence& late = runs.start();
-      runs.step({{&a, tokens_of(c, 21, 1)},
-                 {&b, tokens_of(c, 5, 2), Logits::All},
-                 {&chunked, tokens_of(c, 12, 3), Logits::None}});
-      runs.step({{&a, tokens_of(c, 7, 4)},
-                 {&chunked, tokens_of(c, 9, 5)},
-                 {&late, tokens_of(c, 30, 6)},
-                 {&b, tokens_of(c, 3, 7), Logits::All}});
-      for (uint32_t token = 0; token < 12; ++token)
-        runs.step({{&late, tokens_of(c, 1, 10 + token)},
-                   {&a, tokens_of(c, 1, 30 + token)},
-                   {&b, tokens_of(c, 1, 50 + token)},
-                   {&chunked, tokens_of(c, 1, 70 + token)}});
-      runs.report(name + ", " + run);
-    }
+  for_each_setting([&](bool float_activations, int64_t max_batch, const std::string& run) {
+    Runs runs(model_path(name), max_batch, float_activations);
+    const model::ModelConfig& c = runs.config();
+    Sequence& a = runs.start();
+    Sequence& b = runs.start();
+    Sequence& chunked = runs.start();
+    Sequence& late = runs.start();
+    runs.step({{&a, tokens_of(c, 21, 1)},
+               {&b, tokens_of(c, 5, 2), Logits::All},
+               {&chunked, tokens_of(c, 12, 3), Logits::None}});
+    runs.step({{&a, tokens_of(c, 7, 4)},
+               {&chunked, tokens_of(c, 9, 5)},
+               {&late, tokens_of(c, 30, 6)},
+               {&b, tokens_of(c, 3, 7), Logits::All}});
+    for (uint32_t token = 0; token < 12; ++token)
+      runs.step({{&late, tokens_of(c, 1, 10 + token)},
+                 {&a, tokens_of(c, 1, 30 + token)},
+                 {&b, tokens_of(c, 1, 50 + token)},
+                 {&chunked, tokens_of(c, 1, 70 + token)}});
+    runs.report(name + ", " + run);
+  });
 }
 
 // Copy on write: B starts as a fork of A, sharing A's full first block and taking a copy of its partly filled
@@ -237,6 +286,42 @@ void expect_forked_sequence_continues_from_a_copied_block(const std::string& nam
   for (uint32_t token = 0; token < 4; ++token)
     runs.step({{&b, tokens_of(c, 1, 10 + token)}, {&a, tokens_of(c, 1, 20 + token)}});
   runs.report(name + ", fork");
+}
+
+// Sequences that ask for the index of their last token's largest logit (Argmax) beside sequences that ask for logits
+// (Last, All) or none: prompts, one of them in two chunks, continuations, then decode steps in which every sequence
+// asks for its argmax, or some do and the others for logits, which changes from step to step (the GPU replays one
+// decoding graph for all of them). PagedBatch::step runs each batch again with Last in place of Argmax, which the
+// argmax must match. In passes of 512 and of 5 tokens, with float and 8-bit activations. `Runs`: a PagedBatch;
+// `name`: a model of paged_models().
+template <typename Runs>
+void expect_argmax_sequences_get_their_largest_logit(const std::string& name) {
+  using model::Logits;
+  for_each_setting([&](bool float_activations, int64_t max_batch, const std::string& run) {
+    Runs runs(model_path(name), max_batch, float_activations);
+    const model::ModelConfig& c = runs.config();
+    Sequence& a = runs.start();
+    Sequence& b = runs.start();
+    Sequence& chunked = runs.start();
+    Sequence& late = runs.start();
+    runs.step({{&a, tokens_of(c, 21, 1), Logits::Argmax},
+               {&b, tokens_of(c, 5, 2), Logits::All},
+               {&chunked, tokens_of(c, 12, 3), Logits::None}});
+    runs.step({{&a, tokens_of(c, 7, 4), Logits::Last},
+               {&chunked, tokens_of(c, 9, 5), Logits::Argmax},
+               {&late, tokens_of(c, 30, 6), Logits::Argmax},
+               {&b, tokens_of(c, 3, 7), Logits::All}});
+    for (uint32_t token = 0; token < 12; ++token) {
+      const auto which = [token](uint32_t sequence) {
+        return token % 3 == 0 || (token + sequence) % 2 == 0 ? Logits::Argmax : Logits::Last;
+      };
+      runs.step({{&late, tokens_of(c, 1, 10 + token), which(0)},
+                 {&a, tokens_of(c, 1, 30 + token), which(1)},
+                 {&b, tokens_of(c, 1, 50 + token), which(2)},
+                 {&chunked, tokens_of(c, 1, 70 + token), which(3)}});
+    }
+    runs.report(name + ", argmax, " + run);
+  });
 }
 
 inline void expect_error_naming(const std::string& message, const std::string& part) {

@@ -1,8 +1,9 @@
 // Many requests at once through one Scheduler on trained models, each compared with the same request run alone
 // (a fresh scheduler: an empty pool, no other sequence): batching, preemption, prefix sharing and the n choices of
 // a request change no result. Cancelling frees every block, stop strings split across tokens stop the text,
-// log-probabilities are a log-softmax of the logits a single-sequence engine evaluates, and bad requests are
-// rf::Errors at submit. On the CPU and on the GPU (skipped where there is none).
+// log-probabilities are a log-softmax of the logits a single-sequence engine evaluates, greedy steps take the forward
+// pass's argmax instead of a row of logits, and bad requests are rf::Errors at submit. On the CPU and on the GPU
+// (skipped where there is none).
 #include "engine/scheduler.h"
 
 #include <algorithm>
@@ -323,6 +324,57 @@ TEST_P(SchedulerTest, GreedyRequestEqualsTheSingleSequenceEngine) {
     const Generation expected = single.generate(request.prompt, request.params, [](const Step&) { return true; });
     expect_same(alone(batched, request)[0], expected, "request " + std::to_string(i));
   }
+}
+
+// Runs the requests at once; returns their first choices' generations, and counts in `steps` the steps that chose a
+// token.
+std::vector<Generation> run_counting_steps(Engine& engine, std::vector<Request> requests, Scheduler::Stats& stats,
+                                           int64_t& steps) {
+  std::atomic<int64_t> chosen = 0;
+  for (Request& request : requests)
+    request.on_step = [&chosen](int32_t, const Step& step) { chosen += step.token != kNoToken; };
+  std::vector<Generation> generations;
+  Scheduler scheduler(engine);
+  for (const auto& handle : scheduler.submit(requests)) generations.push_back(handle->wait()[0]);
+  stats = scheduler.stats();
+  steps = chosen;
+  return generations;
+}
+
+TEST_P(SchedulerTest, GreedyStepsTakeTheArgmaxOfTheForwardPass) {
+  Engine engine(model(), paged(2048));
+  std::vector<Request> greedy_requests;
+  for (int i = 0; i < 8; ++i) {
+    greedy_requests.push_back(varied_request(engine.tokenizer(), i));
+    greedy_requests.back().params = greedy(12 + 3 * i);
+  }
+  Scheduler::Stats stats;
+  int64_t steps = 0;
+  const std::vector<Generation> from_argmax = run_counting_steps(engine, greedy_requests, stats, steps);
+  EXPECT_GT(steps, 0);
+  EXPECT_EQ(stats.argmax_rows, steps);
+
+  // The chosen token's log-probability needs the row of logits: the same requests step from rows.
+  std::vector<Request> with_logprobs = greedy_requests;
+  for (Request& request : with_logprobs) request.params.top_logprobs = 0;
+  const std::vector<Generation> from_rows = run_counting_steps(engine, with_logprobs, stats, steps);
+  EXPECT_EQ(stats.argmax_rows, 0);
+  for (size_t i = 0; i < greedy_requests.size(); ++i) {
+    EXPECT_EQ(from_argmax[i].tokens, from_rows[i].tokens) << "request " << i;
+    EXPECT_EQ(from_argmax[i].text, from_rows[i].text) << "request " << i;
+    EXPECT_EQ(from_argmax[i].finish, from_rows[i].finish) << "request " << i;
+  }
+
+  // Choices fork from the prompt's row of logits; every later step of each takes the argmax.
+  Request two_choices = greedy_requests[0];
+  two_choices.choices = 2;
+  int64_t choice_steps = 0;
+  two_choices.on_step = [&choice_steps](int32_t, const Step& step) { choice_steps += step.token != kNoToken; };
+  Scheduler scheduler(engine);
+  const std::vector<Generation> choices = scheduler.submit(two_choices)->wait();
+  ASSERT_EQ(choices.size(), 2u);
+  for (const Generation& choice : choices) EXPECT_EQ(choice.tokens, from_argmax[0].tokens);
+  EXPECT_EQ(scheduler.stats().argmax_rows, choice_steps - 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SchedulerTest,

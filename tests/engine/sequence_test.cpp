@@ -1,8 +1,8 @@
-// One sequence fed fabricated rows of logits, with stories260K's tokenizer and no model: greedy choice, the finish
-// reasons (max_tokens, an end-of-generation token that is not emitted, a stop string split across two tokens,
-// a full context, cancellation), what is held back and when it comes out (the start of a stop string, of a
-// character), logit bias, log-probabilities of the row given, the prompt as the penalties' history, and the
-// parameters checked when the sequence is created.
+// One sequence fed fabricated rows of logits (or the tokens chosen from them), with stories260K's tokenizer and no
+// model: greedy choice, the finish reasons (max_tokens, an end-of-generation token that is not emitted, a stop string
+// split across two tokens, a full context, cancellation), what is held back and when it comes out (the start of a
+// stop string, of a character), logit bias, log-probabilities of the row given, the prompt and the tokens given as
+// the penalties' history, when a step needs only the argmax, and the parameters checked when the sequence is created.
 #include "engine/sequence.h"
 
 #include <algorithm>
@@ -244,6 +244,52 @@ TEST(Sequence, PenaltiesSeeThePromptAsHistory) {
   EXPECT_EQ(Sequence({}, params, stories()).step(row, false).token, w.once);
   const std::vector<int32_t> prompt = {w.time, w.once};
   EXPECT_EQ(Sequence(prompt, params, stories()).step(row, false).token, w.upon);
+}
+
+TEST(Sequence, StepWithATokenIsTheStepWithLogitsThatChooseIt) {
+  const Words w = words();
+  GenerationParams params = greedy(8);
+  params.stop_strings = {"on a"};
+  Sequence with_logits({}, params, stories());
+  Sequence with_tokens({}, params, stories());
+  for (const int32_t token : {w.once, w.upon, w.a}) {
+    const Step expected = with_logits.step(row_for(token), false);
+    const Step step = with_tokens.step(token, false);
+    EXPECT_EQ(step.token, expected.token);
+    EXPECT_EQ(step.text, expected.text);
+    EXPECT_EQ(step.finish, expected.finish);
+  }
+  EXPECT_EQ(with_tokens.finish_reason(), FinishReason::StopString);
+  EXPECT_EQ(with_tokens.tokens(), with_logits.tokens());
+  EXPECT_EQ(error_of([&] { with_tokens.step(w.time, false); }), "the sequence has finished: it takes no more steps");
+}
+
+TEST(Sequence, PenaltiesSeeTheTokensStepsWereGiven) {
+  const Words w = words();
+  std::vector<float> row = row_for(w.once);
+  row[static_cast<size_t>(w.upon)] = 9.0f;
+  GenerationParams params = greedy(8);
+  params.sampling.repeat_penalty = 2.0f;
+  Sequence sequence({}, params, stories());
+  sequence.step(w.once, false);
+  EXPECT_EQ(sequence.step(row, false).token, w.upon);
+}
+
+TEST(Sequence, StepsFromArgmaxWhereGreedyChoiceNeedsNothingElse) {
+  const Words w = words();
+  EXPECT_TRUE(Sequence({}, greedy(8), stories()).steps_from_argmax());
+  GenerationParams params = greedy(8);
+  params.top_logprobs = 0;
+  EXPECT_FALSE(Sequence({}, params, stories()).steps_from_argmax());
+  params = greedy(8);
+  params.sampling.logit_bias = {{w.once, 1.0f}};
+  EXPECT_FALSE(Sequence({}, params, stories()).steps_from_argmax());
+  params = greedy(8);
+  params.sampling.presence_penalty = 0.5f;
+  EXPECT_FALSE(Sequence({}, params, stories()).steps_from_argmax());
+  params = greedy(8);
+  params.sampling.temperature = 0.5f;
+  EXPECT_FALSE(Sequence({}, params, stories()).steps_from_argmax());
 }
 
 TEST(Sequence, ParametersAreCheckedWhenItIsCreated) {

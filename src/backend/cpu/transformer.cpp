@@ -5,6 +5,7 @@
 
 #include "backend/cpu/ops.h"
 #include "quant/quant.h"
+#include "util/argmax.h"
 #include "util/error.h"
 
 namespace rf::cpu {
@@ -77,17 +78,32 @@ model::BatchSequence Transformer::continue_at(std::span<const int32_t> tokens, i
 }
 
 std::span<const float> Transformer::logits_of(std::span<const model::BatchSequence> batch) {
+  const int64_t vocab = config_.vocab_size;
   int64_t rows = 0;
-  for (const model::BatchSequence& sequence : batch) rows += model::logits_rows(sequence);
-  logits_.resize(index(rows * config_.vocab_size));
-  float* logits = logits_.data();
+  for (const model::BatchSequence& sequence : batch) rows += model::computed_logits_rows(sequence);
+  logits_.resize(index(rows * vocab));
+  argmax_.clear();
+  float* logits = logits_.data();  // past the rows returned so far
   model::for_each_pass(batch, max_batch_, pass_, [&](std::span<const model::BatchSequence> pass) {
-    logits += forward_batch(pass, logits) * config_.vocab_size;
+    forward_batch(pass, logits);
+    // An Argmax part's row leaves its index and gives its place to the rows after it.
+    const float* row = logits;
+    for (const model::BatchSequence& part : pass) {
+      const size_t values = index(model::computed_logits_rows(part) * vocab);
+      if (part.logits == Logits::Argmax) {
+        argmax_.push_back(index_of_largest({row, values}));
+      } else {
+        if (logits != row) std::copy(row, row + values, logits);
+        logits += values;
+      }
+      row += values;
+    }
   });
-  return logits_;
+  return {logits_.data(), static_cast<size_t>(logits - logits_.data())};
 }
 
 std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int64_t position, Logits which) {
+  model::check_single_sequence(which);
   check_every_layer();
   const model::BatchSequence sequence = continue_at(tokens, position, which);
   return logits_of({&sequence, 1});
@@ -198,7 +214,7 @@ int64_t Transformer::forward_batch(std::span<const model::BatchSequence> pass, f
   int64_t wanted = 0;
   int64_t end = 0;  // of the part's rows
   for (const model::BatchSequence& part : pass) {
-    const int64_t rows = model::logits_rows(part);
+    const int64_t rows = model::computed_logits_rows(part);
     end += count(part.tokens);
     normalize(&xb_[index(wanted * c.n_embd)], &x_[index((end - rows) * c.n_embd)], plan_.output_norm(),
               plan_.output_norm_bias(), rows);

@@ -47,6 +47,7 @@ class Transformer final : public model::ForwardPass {
 
   std::span<const float> forward(std::span<const model::BatchSequence> batch,
                                  std::span<const model::BlockCopy> copies) override;
+  std::span<const int32_t> argmax() const override { return argmax_; }
 
   int64_t cached() const override { return cache_.size(); }
   void truncate(int64_t positions) override;
@@ -68,10 +69,10 @@ class Transformer final : public model::ForwardPass {
   void check_every_layer() const;  // an rf::Error where only the first layers run here (no logits)
   // The sequence of a single-sequence call, after its checks, with the cache truncated to `position`.
   model::BatchSequence continue_at(std::span<const int32_t> tokens, int64_t position, Logits which);
-  // The logits `batch` asks for, in logits_, from its passes.
+  // The logits `batch` asks for, in logits_, and the argmax of its Argmax sequences, in argmax_, from its passes.
   std::span<const float> logits_of(std::span<const model::BatchSequence> batch);
   // Runs a pass (at most max_batch tokens) through the layers; then writes the logits rows that its parts ask for
-  // to `logits`, and returns their count.
+  // (Argmax parts' too) to `logits`, and returns their count.
   int64_t forward_batch(std::span<const model::BatchSequence> pass, float* logits);
   // The block's norm (RMSNorm or LayerNorm, as the architecture says) of `rows` rows of n_embd values.
   void normalize(float* out, const float* in, const model::LazyTensor& weight, const model::LazyTensor& bias,
@@ -113,6 +114,7 @@ class Transformer final : public model::ForwardPass {
   std::vector<float> rope_[2];   // (cos, sin) per dimension pair [n, rope_dims], of each kind of layer
   std::vector<float> scores_;    // attention scores, one context-sized row per thread
   std::vector<float> logits_;
+  std::vector<int32_t> argmax_;  // of the last batch's Argmax sequences
   std::vector<float> hidden_;    // forward_hidden's result [n, n_embd]
   // The cache rows that token t attends to in a layer: ranges_[range_starts_[t]] up to ranges_[range_starts_[t + 1]].
   std::vector<RowRange> ranges_;

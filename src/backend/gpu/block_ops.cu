@@ -1,7 +1,10 @@
 // The small steps that some architectures add to the llama block: LayerNorm, biases, per-head q/k norms, post-norms'
 // residual adds, soft-capping, and scaled or position-embedded inputs. Each is one plain launch; the llama block
-// needs none of them. Also the gathering of the rows of a paged pass whose logits are wanted.
+// needs none of them. Also the gathering of the rows of a paged pass whose logits are wanted, and the argmax of rows
+// of logits.
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <utility>
 
 #include "backend/gpu/device.cuh"
@@ -144,6 +147,52 @@ __global__ void __launch_bounds__(kThreads) gather_rows_kernel(const float* x, c
   if (i < n * cols) out[i] = x[rows[i / cols] * cols + i % cols];
 }
 
+// A row's largest value so far and its index.
+struct Largest {
+  float value;
+  int32_t index;
+};
+__device__ __forceinline__ Largest shuffle_xor(const Largest& l, int mask, int width) {
+  return {rf::gpu::shuffle_xor(l.value, mask, width), rf::gpu::shuffle_xor(l.index, mask, width)};
+}
+// The index of nothing yet, whose value is -INFINITY: it displaces no value of a row, and any displaces it.
+constexpr int32_t kNoIndex = INT_MAX;
+// The larger of two, the lower index of equal values: std::max_element's first largest, whatever order the parts of a
+// row meet in.
+__device__ __forceinline__ Largest larger(const Largest& a, const Largest& b) {
+  return a.index == kNoIndex || b.value > a.value || (b.value == a.value && b.index < a.index) ? b : a;
+}
+
+// One thread block a row, each thread taking every kArgmaxThreads-th value: the many threads and the loads issued
+// kArgmaxLoads at a time keep enough of one row in flight that a block reads it at a good share of its
+// multiprocessor's bandwidth (a Llama-3 row is 501 KiB, and a decoding step's rows each have a block of their own).
+constexpr int kArgmaxThreads = 1024;
+constexpr int kArgmaxLoads = 8;
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* x, int64_t cols, int32_t* out) {
+  start_successor();
+  wait_for_predecessor();
+  __shared__ Largest scratch[kArgmaxThreads / 32];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  // A thread meets its values in increasing index, so taking only a strictly greater one keeps the first largest.
+  Largest own{-INFINITY, kNoIndex};
+  for (int64_t first = threadIdx.x; first < cols; first += kArgmaxLoads * kArgmaxThreads) {
+    float values[kArgmaxLoads];
+#pragma unroll
+    for (int i = 0; i < kArgmaxLoads; ++i) {
+      const int64_t j = first + i * kArgmaxThreads;
+      values[i] = j < cols ? row[j] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kArgmaxLoads; ++i) {
+      const int64_t j = first + i * kArgmaxThreads;
+      if (j < cols) own = larger(own, {values[i], static_cast<int32_t>(j)});
+    }
+  }
+  const Largest total = block_reduce(own, scratch, [](const Largest& a, const Largest& b) { return larger(a, b); });
+  if (threadIdx.x == 0) out[blockIdx.x] = total.index;
+}
+
 template <typename Rows>
 void launch_scale_and_position(float* x, int64_t n_tokens, int64_t cols, float scale, TensorType positions_type,
                                const void* positions, const Rows& rows, gpuStream_t stream) {
@@ -208,6 +257,12 @@ void scale_and_position(float* x, int64_t n_tokens, int64_t cols, float scale, T
 
 void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t cols, float* out, gpuStream_t stream) {
   launch_overlapped("gather_rows", gather_rows_kernel, blocks_for(n * cols), kThreads, 0, stream, x, rows, n, cols,
+                    out);
+}
+
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, gpuStream_t stream) {
+  if (rows == 0) return;
+  launch_overlapped("argmax_rows", argmax_rows_kernel, static_cast<unsigned>(rows), kArgmaxThreads, 0, stream, x, cols,
                     out);
 }
 

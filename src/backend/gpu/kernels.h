@@ -179,6 +179,10 @@ void scale_and_position(float* x, int64_t n_tokens, int64_t cols, float scale, T
 // out[i] = row rows[i] of x, for i < n (rows of cols values).
 void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t cols, float* out, gpuStream_t stream);
 
+// out[r] = the index of the largest of the cols values of row r of x, for r < rows: the first of equal ones, as
+// std::max_element finds it (util/argmax.h) in a row without NaN.
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, gpuStream_t stream);
+
 // The rotation angles of every position of a context: (cos, sin) of p * inverse_frequencies[i] for p < positions,
 // i < pairs, computed in double precision as the CPU does: cos_sin[2 * (p * pairs + i)] and [.. + 1]. Made once,
 // when the KV cache is allocated, for the kernels below that rotate queries and keys.

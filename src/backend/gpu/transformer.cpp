@@ -228,7 +228,7 @@ ProductPolicy product_policy(const TransformerOptions& options) {
 }
 
 // A pass of a paged batch in device memory: its tokens, where they are, and the indices of the rows whose logits it
-// returns.
+// computes.
 struct PagedPass {
   const int32_t* tokens = nullptr;
   PagedRows rows;
@@ -261,9 +261,11 @@ struct Transformer::State {
   // (none when null): device memory, or logits_host for the last row. A paged pass (`paged`, already on the device)
   // takes its rows' positions and cache rows from there, and returns the logits of its wanted rows instead.
   void enqueue(int64_t n, Logits which, float* logits, const PagedPass* paged = nullptr);
-  // A paged pass of n rows that each want their logits (to logits_all), from a graph where one is captured.
+  // A paged pass of n rows that each want their logits or their argmax: the logits of every row to logits_all and
+  // the argmax of every row to argmax_device, from a graph where one is captured.
   void enqueue_decoding(int64_t n, const PagedPass& paged);
-  // A paged cache's batch, checked and its copies enqueued: its passes, and the logits its sequences ask for.
+  // A paged cache's batch, checked and its copies enqueued: its passes, and the logits its sequences ask for (their
+  // argmax to batch_argmax).
   std::span<const float> run_batch(std::span<const model::BatchSequence> batch);
   // Copies the keys and values of block `source` into block `destination`, in every layer (copy on write).
   void copy_block(model::BlockId source, model::BlockId destination);
@@ -315,7 +317,8 @@ struct Transformer::State {
   ActivationRows hidden;         // feed-forward gate, then silu(gate) * up [n, n_ff]
   DeviceBuffer up;               // feed-forward up [n, n_ff]
   DeviceBuffer block_out;        // a block's output before its post-norm [n, n_embd] (models with post-norms)
-  DeviceBuffer gathered;         // paged: the rows of the stream whose logits a pass returns [n, n_embd]
+  DeviceBuffer gathered;         // paged: the rows of the stream whose logits a pass computes [n, n_embd]
+  DeviceBuffer argmax_device;    // paged: the argmax of a pass's rows of logits_all [n]
   // (cos, sin) per position of the context and dimension pair (rope_table) of full-context layers [0] and of
   // sliding-window layers [1] (where those rotate with a base of their own).
   DeviceBuffer rope[2];
@@ -331,13 +334,18 @@ struct Transformer::State {
   std::vector<float> all_logits;
   Graph decode_step;
   // Paged: a pass's tokens, positions, table starts, wanted rows and block tables (run_batch), and the batch's
-  // logits, grown on demand; pinned, so that the copies run as DMA rather than through a staging copy.
+  // logits and argmax tokens, grown on demand; pinned, so that the copies run as DMA rather than through a staging
+  // copy.
   std::vector<model::BatchSequence> pass_parts;
   PinnedBuffer pass_host;
   DeviceBuffer pass_device;
   PinnedBuffer batch_logits;
+  PinnedBuffer batch_argmax;
+  std::span<const int32_t> argmax_tokens;  // the last batch's, in batch_argmax
   // Paged decoding steps (every row a sequence's next token) by their rows: a graph captured at the second step of
-  // that size, unless the first ran a GEMM. Dropped when a buffer the graphs point into moves.
+  // that size, unless the first ran a GEMM. Which of the rows want their logits and which their argmax changes from
+  // step to step: the graph finds every row's argmax, and what is copied to the host is enqueued after it. Dropped
+  // when a buffer the graphs point into moves.
   struct DecodingStep {
     Graph graph;
     bool capturable = true;
@@ -375,7 +383,10 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
   if (first_layer > 0) hidden_host = PinnedBuffer(bytes_of_floats(max_batch * config.n_embd), "the residual stream");
   if (has_post_norms(plan))
     block_out = DeviceBuffer(bytes_of_floats(max_batch * config.n_embd), "activations");
-  if (kv_blocks > 0) gathered = DeviceBuffer(bytes_of_floats(max_batch * config.n_embd), "activations");
+  if (kv_blocks > 0) {
+    gathered = DeviceBuffer(bytes_of_floats(max_batch * config.n_embd), "activations");
+    argmax_device = DeviceBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t), "the rows' argmax");
+  }
   const float* freq_factors = plan.rope_freqs()
                                   ? reinterpret_cast<const float*>(plan.file().tensor_data(plan.rope_freqs().info()).data())
                                   : nullptr;
@@ -398,6 +409,7 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
 
 template <typename Stage>
 std::span<const float> Transformer::State::run(int64_t n, int64_t position, Logits which, const Stage& stage) {
+  model::check_single_sequence(which);
   model::check_positions(config, n, position, cached, context);
   truncate(position);
   model::check_kept(position, cached);
@@ -612,20 +624,30 @@ void Transformer::State::enqueue(int64_t n, Logits which, float* logits, const P
 std::span<const float> Transformer::State::run_batch(std::span<const model::BatchSequence> batch) {
   const int64_t vocab = config.vocab_size;
   int64_t logits_count = 0;
-  for (const model::BatchSequence& sequence : batch) logits_count += model::logits_rows(sequence);
+  int64_t argmax_count = 0;
+  for (const model::BatchSequence& sequence : batch) {
+    logits_count += model::logits_rows(sequence);
+    argmax_count += sequence.logits == Logits::Argmax;
+  }
   batch_logits.reserve(bytes_of_floats(logits_count * vocab), "the batch's logits");
+  batch_argmax.reserve(static_cast<size_t>(argmax_count) * sizeof(int32_t), "the batch's argmax");
   float* logits = batch_logits.as<float>();
+  int32_t* argmax_host = batch_argmax.as<int32_t>();
   model::for_each_pass(batch, max_batch, pass_parts, [&](std::span<const model::BatchSequence> pass) {
-    // One upload: the pass's tokens, their positions, where their sequence's table starts, the rows whose logits
-    // are wanted, and the tables (each part's blocks up to its last token's).
+    // One upload: the pass's tokens, their positions, where their sequence's table starts, the rows whose logits are
+    // computed, and the tables (each part's blocks up to its last token's). The rows whose logits are returned come
+    // first, so that one copy brings them, then those of Argmax parts, so that one copy brings their argmax.
     int64_t n = 0;
-    int64_t wanted = 0;
+    int64_t returned = 0;
+    int64_t argmaxed = 0;
     int64_t blocks = 0;
     for (const model::BatchSequence& part : pass) {
       n += count(part.tokens);
-      wanted += model::logits_rows(part);
+      returned += model::logits_rows(part);
+      argmaxed += part.logits == Logits::Argmax;
       blocks += blocks_holding(part);
     }
+    const int64_t wanted = returned + argmaxed;
     const size_t bytes = static_cast<size_t>(3 * n + wanted + blocks) * sizeof(int32_t);
     pass_host.reserve(bytes, "the pass's tokens and block tables");
     int32_t* const tokens = pass_host.as<int32_t>();
@@ -634,7 +656,8 @@ std::span<const float> Transformer::State::run_batch(std::span<const model::Batc
     int32_t* const wanted_rows = table_starts + n;
     int32_t* const tables = wanted_rows + wanted;
     int64_t row = 0;
-    int64_t wanted_row = 0;
+    int32_t* returned_row = wanted_rows;
+    int32_t* argmax_row = wanted_rows + returned;
     int32_t* table = tables;
     for (const model::BatchSequence& part : pass) {
       for (size_t i = 0; i < part.tokens.size(); ++i, ++row) {
@@ -642,7 +665,8 @@ std::span<const float> Transformer::State::run_batch(std::span<const model::Batc
         positions[row] = static_cast<int32_t>(part.position + static_cast<int64_t>(i));
         table_starts[row] = static_cast<int32_t>(table - tables);
       }
-      for (int64_t r = row - model::logits_rows(part); r < row; ++r) wanted_rows[wanted_row++] = static_cast<int32_t>(r);
+      if (part.logits == Logits::Argmax) *argmax_row++ = static_cast<int32_t>(row - 1);
+      for (int64_t r = row - model::logits_rows(part); r < row; ++r) *returned_row++ = static_cast<int32_t>(r);
       table = std::copy_n(part.blocks.begin(), blocks_holding(part), table);
     }
     if (pass_device.reserve(bytes, "the pass's tokens and block tables")) decoding_steps.clear();
@@ -655,33 +679,47 @@ std::span<const float> Transformer::State::run_batch(std::span<const model::Batc
       enqueue(n, Logits::None, nullptr, &paged);
     } else {
       if (logits_all.reserve(bytes_of_floats(wanted * vocab), "logits")) decoding_steps.clear();
-      if (graphs && wanted == n)
+      int32_t* const argmax = argmax_device.as<int32_t>() + returned;  // of the Argmax parts' rows
+      if (graphs && wanted == n) {
         enqueue_decoding(n, paged);
-      else
+      } else {
         enqueue(n, Logits::All, logits_all.as<float>(), &paged);
-      check(gpuMemcpyAsync(logits, logits_all.data(), bytes_of_floats(wanted * vocab), gpuMemcpyDeviceToHost,
-                           stream.get()),
-            "copying logits");
-      logits += wanted * vocab;
+        argmax_rows(logits_all.as<float>() + returned * vocab, argmaxed, vocab, argmax, stream.get());
+      }
+      if (returned > 0)
+        check(gpuMemcpyAsync(logits, logits_all.data(), bytes_of_floats(returned * vocab), gpuMemcpyDeviceToHost,
+                             stream.get()),
+              "copying logits");
+      if (argmaxed > 0)
+        check(gpuMemcpyAsync(argmax_host, argmax, static_cast<size_t>(argmaxed) * sizeof(int32_t),
+                             gpuMemcpyDeviceToHost, stream.get()),
+              "copying the argmax of logits");
+      logits += returned * vocab;
+      argmax_host += argmaxed;
     }
     stream.synchronize();  // before the next pass rewrites pass_host
   });
+  argmax_tokens = {batch_argmax.as<int32_t>(), static_cast<size_t>(argmax_count)};
   return {batch_logits.as<float>(), static_cast<size_t>(logits_count * vocab)};
 }
 
 void Transformer::State::enqueue_decoding(int64_t n, const PagedPass& paged) {
   const auto [found, first] = decoding_steps.try_emplace(n);
   DecodingStep& step = found->second;
+  const auto record = [&] {
+    enqueue(n, Logits::All, logits_all.as<float>(), &paged);
+    argmax_rows(logits_all.as<float>(), n, config.vocab_size, argmax_device.as<int32_t>(), stream.get());
+  };
   if (first || !step.capturable) {
     const int64_t gemms = products.gemms();
-    enqueue(n, Logits::All, logits_all.as<float>(), &paged);
+    record();
     step.capturable = products.gemms() == gemms;
     return;
   }
   if (!step.graph.ready()) {
     // A capture records launches, not uploads: every weight must be on the device before.
     preload_from(plan, first_layer);
-    step.graph.capture(stream.get(), [&] { enqueue(n, Logits::All, logits_all.as<float>(), &paged); });
+    step.graph.capture(stream.get(), record);
   }
   step.graph.launch(stream.get());
 }
@@ -750,6 +788,7 @@ int64_t Transformer::cached() const { return state_->cached; }
 int64_t Transformer::context() const { return state_->context; }
 int64_t Transformer::kv_blocks() const { return state_->kv_blocks; }
 int64_t Transformer::max_batch() const { return state_->max_batch; }
+std::span<const int32_t> Transformer::argmax() const { return state_->argmax_tokens; }
 bool Transformer::decodes_in_chains() const { return state_->chained; }
 const model::ModelConfig& Transformer::config() const { return state_->config; }
 

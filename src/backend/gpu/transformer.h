@@ -10,7 +10,7 @@
 // residual stream those layers made instead of tokens (make_residency's first_layer). A transformer with a paged KV
 // cache (TransformerOptions::kv_blocks) evaluates batches of many sequences instead, without chains; its decoding
 // steps (a token of each sequence) replay a graph captured for their number of rows, the rows' tokens, positions and
-// block tables travelling as data.
+// block tables travelling as data, which finds every row's argmax for the rows that ask for no more.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -79,6 +79,8 @@ class Transformer final : public model::ForwardPass {
   // pass, each row attending to its own sequence's blocks.
   std::span<const float> forward(std::span<const model::BatchSequence> batch,
                                  std::span<const model::BlockCopy> copies) override;
+  // The argmax of the last batch's Argmax sequences, found on the device: only they come to the host.
+  std::span<const int32_t> argmax() const override;
 
   int64_t cached() const override;
   void truncate(int64_t positions) override;
