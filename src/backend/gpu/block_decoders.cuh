@@ -12,9 +12,6 @@
 //   Decoder<T>::group_start(s, g)  the block element where group g of slice s starts (its elements are
 //                               consecutive, so the matching activations are one or two 16-byte loads)
 //   Decoder<T>::load(w, b, s)   slice s of block b (blocks counted from the matrix's first, row after row)
-//   Decoder<T>::kPayloadBytes   (quantized types) bytes from one block's payload to the next (weight_layout.h)
-//   Decoder<T>::load<Source>    the same from blocks that Source reads: StreamedBlocks (device memory, the
-//                               default) or StagedBlocks (shared memory, where matmul_q8 copies them first)
 //
 // Quants stay packed four to an int, so a dot product with 8-bit activations is one dp4a per four elements
 // and the per-group scale and offset are applied once per group. The hot types (Q8_0, Q4_K, Q5_K, Q6_K) take
@@ -22,8 +19,8 @@
 // instructions per weight byte low enough for the products to stay bound by memory bandwidth. Offsets (the minimums of Q4_1 and the
 // K-quants, the fixed -8, -16, -32, -4 of Q4_0, Q5_0, Q6_K, Q3_K) use the activations' precomputed sums.
 // Block layouts are those of quant/blocks.h; split types (weight_layout.h) read their scale from w.scales.
-// Quantized blocks are read with load_weight() (streaming loads: device.cuh) unless staged, float rows with plain
-// loads, which measured faster for them.
+// Quantized blocks are read with load_weight() (streaming loads: device.cuh), float rows with plain loads, which
+// measured faster for them.
 #pragma once
 #include <cstdint>
 
@@ -69,38 +66,10 @@ struct FloatSlice {
   float v[kElements];
 };
 
-// Where a quantized decoder reads its blocks' bytes: device memory, with streaming loads, or shared memory.
-struct StreamedBlocks {
-  template <typename V>
-  __device__ static V read(const void* p) {
-    return load_weight<V>(p);
-  }
-};
-struct StagedBlocks {
-  template <typename V>
-  __device__ static V read(const void* p) {
-    return *static_cast<const V*>(p);
-  }
-};
-
 template <TensorType T>
 struct Decoder;
 
 namespace decode {
-
-// 16 bytes of which only 8- or 4-byte alignment is known.
-template <typename Source>
-__device__ __forceinline__ int4 read_16_from_8(const void* p) {
-  const int2 a = Source::template read<int2>(p);
-  const int2 b = Source::template read<int2>(static_cast<const int2*>(p) + 1);
-  return make_int4(a.x, a.y, b.x, b.y);
-}
-template <typename Source>
-__device__ __forceinline__ int4 read_16_from_4(const void* p) {
-  const int* q = static_cast<const int*>(p);
-  return make_int4(Source::template read<int>(q), Source::template read<int>(q + 1), Source::template read<int>(q + 2),
-                   Source::template read<int>(q + 3));
-}
 
 constexpr uint32_t kLowNibbles = 0x0F0F0F0Fu;
 constexpr uint32_t kHighNibbles = 0xF0F0F0F0u;
@@ -244,21 +213,19 @@ template <>
 struct Decoder<TensorType::Q8_0> {
   static constexpr int kBlockElements = 32;
   static constexpr int kSlices = 1;
-  static constexpr int kPayloadBytes = 32;
   using Slice = QuantSlice<1, 8>;
   __device__ static int group_start(int, int) { return 0; }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
-    const uint8_t* p = decode::payload(w, block, kPayloadBytes);
-    const int4 a = Source::template read<int4>(p);
-    const int4 b = Source::template read<int4>(p + 16);
+    const uint8_t* p = decode::payload(w, block, 32);
+    const int4 a = load_weight<int4>(p);
+    const int4 b = load_weight<int4>(p + 16);
     Slice s;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       s.q[0][i] = decode::component(a, i);
       s.q[0][i + 4] = decode::component(b, i);
     }
-    s.scale[0] = half_to_float(Source::template read<uint16_t>(w.scales + block));
+    s.scale[0] = half_to_float(load_weight<uint16_t>(w.scales + block));
     s.offset[0] = 0.0f;
     return s;
   }
@@ -269,14 +236,12 @@ template <>
 struct Decoder<TensorType::Q4_0> {
   static constexpr int kBlockElements = 32;
   static constexpr int kSlices = 1;
-  static constexpr int kPayloadBytes = 16;
   using Slice = QuantSlice<2>;
   __device__ static int group_start(int, int group) { return 16 * group; }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
     Slice s;
-    decode::split_nibbles(Source::template read<int4>(decode::payload(w, block, kPayloadBytes)), s);
-    const float d = half_to_float(Source::template read<uint16_t>(w.scales + block));
+    decode::split_nibbles(load_weight<int4>(decode::payload(w, block, 16)), s);
+    const float d = half_to_float(load_weight<uint16_t>(w.scales + block));
     s.scale[0] = s.scale[1] = d;
     s.offset[0] = s.offset[1] = -8.0f * d;
     return s;
@@ -288,15 +253,13 @@ template <>
 struct Decoder<TensorType::Q4_1> {
   static constexpr int kBlockElements = 32;
   static constexpr int kSlices = 1;
-  static constexpr int kPayloadBytes = 20;
   using Slice = QuantSlice<2>;
   __device__ static int group_start(int, int group) { return 16 * group; }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
-    const uint8_t* p = decode::payload(w, block, kPayloadBytes);
+    const uint8_t* p = decode::payload(w, block, 20);
     Slice s;
-    decode::split_nibbles(decode::read_16_from_4<Source>(p + 4), s);
-    const auto dm = static_cast<uint32_t>(Source::template read<int>(p));
+    decode::split_nibbles(load_weight_16_from_4(p + 4), s);
+    const auto dm = static_cast<uint32_t>(load_weight<int>(p));
     s.scale[0] = s.scale[1] = half_to_float(static_cast<uint16_t>(dm));
     s.offset[0] = s.offset[1] = half_to_float(static_cast<uint16_t>(dm >> 16));
     return s;
@@ -308,15 +271,13 @@ template <>
 struct Decoder<TensorType::Q5_0> {
   static constexpr int kBlockElements = 32;
   static constexpr int kSlices = 1;
-  static constexpr int kPayloadBytes = 20;
   using Slice = QuantSlice<2>;
   __device__ static int group_start(int, int group) { return 16 * group; }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
-    const uint8_t* p = decode::payload(w, block, kPayloadBytes);
+    const uint8_t* p = decode::payload(w, block, 20);
     Slice s;
-    decode::split_nibbles_with_high_bit(decode::read_16_from_4<Source>(p + 4), Source::template read<unsigned>(p), s);
-    const float d = half_to_float(Source::template read<uint16_t>(w.scales + block));
+    decode::split_nibbles_with_high_bit(load_weight_16_from_4(p + 4), load_weight<unsigned>(p), s);
+    const float d = half_to_float(load_weight<uint16_t>(w.scales + block));
     s.scale[0] = s.scale[1] = d;
     s.offset[0] = s.offset[1] = -16.0f * d;
     return s;
@@ -328,15 +289,13 @@ template <>
 struct Decoder<TensorType::Q5_1> {
   static constexpr int kBlockElements = 32;
   static constexpr int kSlices = 1;
-  static constexpr int kPayloadBytes = 24;
   using Slice = QuantSlice<2>;
   __device__ static int group_start(int, int group) { return 16 * group; }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
-    const uint8_t* p = decode::payload(w, block, kPayloadBytes);
+    const uint8_t* p = decode::payload(w, block, 24);
     Slice s;
-    const int2 header = Source::template read<int2>(p);
-    decode::split_nibbles_with_high_bit(decode::read_16_from_8<Source>(p + 8), static_cast<uint32_t>(header.y), s);
+    const int2 header = load_weight<int2>(p);
+    decode::split_nibbles_with_high_bit(load_weight_16_from_8(p + 8), static_cast<uint32_t>(header.y), s);
     const auto dm = static_cast<uint32_t>(header.x);
     s.scale[0] = s.scale[1] = half_to_float(static_cast<uint16_t>(dm));
     s.offset[0] = s.offset[1] = half_to_float(static_cast<uint16_t>(dm >> 16));
@@ -349,14 +308,12 @@ template <>
 struct Decoder<TensorType::IQ4_NL> {
   static constexpr int kBlockElements = 32;
   static constexpr int kSlices = 1;
-  static constexpr int kPayloadBytes = 16;
   using Slice = QuantSlice<2>;
   __device__ static int group_start(int, int group) { return 16 * group; }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int) {
     Slice s;
-    decode::split_iq4_values<false>(Source::template read<int4>(decode::payload(w, block, kPayloadBytes)), s);
-    s.scale[0] = s.scale[1] = half_to_float(Source::template read<uint16_t>(w.scales + block));
+    decode::split_iq4_values<false>(load_weight<int4>(decode::payload(w, block, 16)), s);
+    s.scale[0] = s.scale[1] = half_to_float(load_weight<uint16_t>(w.scales + block));
     s.offset[0] = s.offset[1] = 0.0f;
     return s;
   }
@@ -370,16 +327,14 @@ template <>
 struct Decoder<TensorType::Q2_K> {
   static constexpr int kBlockElements = 256;
   static constexpr int kSlices = 4;
-  static constexpr int kPayloadBytes = 84;
   using Slice = QuantSlice<4>;
   __device__ static int group_start(int slice, int group) { return 128 * (slice / 2) + 32 * group + 16 * (slice % 2); }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
-    const uint8_t* p = decode::payload(w, block, kPayloadBytes);
+    const uint8_t* p = decode::payload(w, block, 84);
     const int h = slice / 2;
     const int m = slice % 2;
-    const int4 v = decode::read_16_from_4<Source>(p + 16 + 32 * h + 16 * m);
-    const auto dd = static_cast<uint32_t>(Source::template read<int>(p + 80));
+    const int4 v = load_weight_16_from_4(p + 16 + 32 * h + 16 * m);
+    const auto dd = static_cast<uint32_t>(load_weight<int>(p + 80));
     const float d = half_to_float(static_cast<uint16_t>(dd));
     const float dmin = half_to_float(static_cast<uint16_t>(dd >> 16));
     Slice s;
@@ -387,7 +342,7 @@ struct Decoder<TensorType::Q2_K> {
     for (int k = 0; k < 4; ++k) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) s.q[k][i] = (decode::component(v, i) >> (2 * k)) & 0x03030303;
-      const int sc = Source::template read<uint8_t>(p + 8 * h + 2 * k + m);
+      const int sc = load_weight<uint8_t>(p + 8 * h + 2 * k + m);
       s.scale[k] = d * static_cast<float>(sc & 15);
       s.offset[k] = -dmin * static_cast<float>(sc >> 4);
     }
@@ -401,18 +356,16 @@ template <>
 struct Decoder<TensorType::Q3_K> {
   static constexpr int kBlockElements = 256;
   static constexpr int kSlices = 4;
-  static constexpr int kPayloadBytes = 108;
   using Slice = QuantSlice<4>;
   __device__ static int group_start(int slice, int group) { return 128 * (slice / 2) + 32 * group + 16 * (slice % 2); }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
-    const uint8_t* p = decode::payload(w, block, kPayloadBytes);
+    const uint8_t* p = decode::payload(w, block, 108);
     const int h = slice / 2;
     const int m = slice % 2;
-    const int4 v = decode::read_16_from_4<Source>(p + 32 + 32 * h + 16 * m);
-    const int4 hmask = decode::read_16_from_4<Source>(p + 16 * m);
+    const int4 v = load_weight_16_from_4(p + 32 + 32 * h + 16 * m);
+    const int4 hmask = load_weight_16_from_4(p + 16 * m);
     const uint8_t* packed_scales = p + 96;
-    const float d = half_to_float(Source::template read<uint16_t>(w.scales + block));
+    const float d = half_to_float(load_weight<uint16_t>(w.scales + block));
     Slice s;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -421,8 +374,8 @@ struct Decoder<TensorType::Q3_K> {
         s.q[k][i] = ((decode::component(v, i) >> (2 * k)) & 0x03030303) |
                     (((decode::component(hmask, i) >> (4 * h + k)) & 0x01010101) << 2);
       const int j = 8 * h + 2 * k + m;
-      const int sc = ((Source::template read<uint8_t>(packed_scales + j % 8) >> (4 * (j / 8))) & 0xF) |
-                     (((Source::template read<uint8_t>(packed_scales + 8 + j % 4) >> (2 * (j / 4))) & 3) << 4);
+      const int sc = ((load_weight<uint8_t>(packed_scales + j % 8) >> (4 * (j / 8))) & 0xF) |
+                     (((load_weight<uint8_t>(packed_scales + 8 + j % 4) >> (2 * (j / 4))) & 3) << 4);
       s.scale[k] = d * static_cast<float>(sc - 32);
       s.offset[k] = -4.0f * s.scale[k];
     }
@@ -436,15 +389,13 @@ template <>
 struct Decoder<TensorType::Q4_K> {
   static constexpr int kBlockElements = 256;
   static constexpr int kSlices = 4;
-  static constexpr int kPayloadBytes = 144;
   using Slice = ScaledLevelSlice<2, 8>;
   __device__ static int group_start(int slice, int group) { return 64 * slice + 32 * group; }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
-    const uint8_t* p = decode::payload(w, block, kPayloadBytes);
-    const int4 header = Source::template read<int4>(p);
-    const int4 a = Source::template read<int4>(p + 16 + 32 * slice);
-    const int4 b = Source::template read<int4>(p + 32 + 32 * slice);
+    const uint8_t* p = decode::payload(w, block, 144);
+    const int4 header = load_weight<int4>(p);
+    const int4 a = load_weight<int4>(p + 16 + 32 * slice);
+    const int4 b = load_weight<int4>(p + 32 + 32 * slice);
     Slice s;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -464,17 +415,15 @@ template <>
 struct Decoder<TensorType::Q5_K> {
   static constexpr int kBlockElements = 256;
   static constexpr int kSlices = 4;
-  static constexpr int kPayloadBytes = 176;
   using Slice = ScaledLevelSlice<2, 8>;
   __device__ static int group_start(int slice, int group) { return 64 * slice + 32 * group; }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
-    const uint8_t* p = decode::payload(w, block, kPayloadBytes);
-    const int4 a = Source::template read<int4>(p + 48 + 32 * slice);
-    const int4 b = Source::template read<int4>(p + 64 + 32 * slice);
-    const int4 ha = Source::template read<int4>(p + 16);
-    const int4 hb = Source::template read<int4>(p + 32);
-    const int4 header = Source::template read<int4>(p);
+    const uint8_t* p = decode::payload(w, block, 176);
+    const int4 a = load_weight<int4>(p + 48 + 32 * slice);
+    const int4 b = load_weight<int4>(p + 64 + 32 * slice);
+    const int4 ha = load_weight<int4>(p + 16);
+    const int4 hb = load_weight<int4>(p + 32);
+    const int4 header = load_weight<int4>(p);
     Slice s;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -500,23 +449,19 @@ template <>
 struct Decoder<TensorType::Q6_K> {
   static constexpr int kBlockElements = 256;
   static constexpr int kSlices = 4;
-  static constexpr int kPayloadBytes = 208;
   using Slice = ScaledLevelSlice<4>;
   __device__ static int group_start(int slice, int group) {
     return 128 * (slice / 2) + 32 * (slice % 2 + 2 * (group / 2)) + 16 * (group % 2);
   }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
-    const uint8_t* p = decode::payload(w, block, kPayloadBytes);
+    const uint8_t* p = decode::payload(w, block, 208);
     const int h = slice / 2;
     const int j = slice % 2;
-    const int4 low[2] = {Source::template read<int4>(p + 64 * h + 32 * j),
-                         Source::template read<int4>(p + 64 * h + 32 * j + 16)};
-    const int4 high[2] = {Source::template read<int4>(p + 128 + 32 * h),
-                          Source::template read<int4>(p + 128 + 32 * h + 16)};
-    const int2 scale_words = Source::template read<int2>(p + 192 + 8 * h);
+    const int4 low[2] = {load_weight<int4>(p + 64 * h + 32 * j), load_weight<int4>(p + 64 * h + 32 * j + 16)};
+    const int4 high[2] = {load_weight<int4>(p + 128 + 32 * h), load_weight<int4>(p + 128 + 32 * h + 16)};
+    const int2 scale_words = load_weight<int2>(p + 192 + 8 * h);
     Slice s;
-    s.d = s.dmin = half_to_float(Source::template read<uint16_t>(w.scales + block));
+    s.d = s.dmin = half_to_float(load_weight<uint16_t>(w.scales + block));
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
@@ -544,15 +489,13 @@ template <>
 struct Decoder<TensorType::IQ4_XS> {
   static constexpr int kBlockElements = 256;
   static constexpr int kSlices = 8;
-  static constexpr int kPayloadBytes = 136;
   using Slice = ScaledLevelSlice<2>;
   __device__ static int group_start(int slice, int group) { return 32 * slice + 16 * group; }
-  template <typename Source = StreamedBlocks>
   __device__ static Slice load(const WeightView& w, int64_t block, int slice) {
-    const uint8_t* p = decode::payload(w, block, kPayloadBytes);
-    const int2 header = Source::template read<int2>(p);
+    const uint8_t* p = decode::payload(w, block, 136);
+    const int2 header = load_weight<int2>(p);
     Slice s;
-    decode::split_iq4_values<true>(decode::read_16_from_8<Source>(p + 8 + 16 * slice), s);
+    decode::split_iq4_values<true>(load_weight_16_from_8(p + 8 + 16 * slice), s);
     const auto dh = static_cast<uint32_t>(header.x);
     const int low = (static_cast<uint32_t>(header.y) >> (4 * slice)) & 0xF;
     const int high = (dh >> (16 + 2 * slice)) & 3;
@@ -647,7 +590,7 @@ struct ChunkDecoder<TensorType::Q4_K> {
     int4 q;
   };
   __device__ static Raw load(const WeightView& w, int64_t block, int j) {
-    const uint8_t* p = decode::payload(w, block, Decoder<TensorType::Q4_K>::kPayloadBytes);
+    const uint8_t* p = decode::payload(w, block, 144);
     return {load_weight<int4>(p), load_weight<int4>(p + 16 + 16 * j)};
   }
   __device__ static float dot(const Raw& r, int j, const int8_t* x, const ActivationScale* scales) {
@@ -680,7 +623,7 @@ struct ChunkDecoder<TensorType::Q6_K> {
     float d;
   };
   __device__ static Raw load(const WeightView& w, int64_t block, int c) {
-    const uint8_t* p = decode::payload(w, block, Decoder<TensorType::Q6_K>::kPayloadBytes);
+    const uint8_t* p = decode::payload(w, block, 208);
     const int h = c / 4;
     return {load_weight<int4>(p + 16 * c), load_weight<int4>(p + 128 + 32 * h + 16 * (c % 2)),
             load_weight<int2>(p + 192 + 8 * h), half_to_float(load_weight<uint16_t>(w.scales + block))};

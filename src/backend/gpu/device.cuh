@@ -259,6 +259,17 @@ __device__ __forceinline__ T load_weight(const void* p) {
   return __ldcs(static_cast<const T*>(p));
 #endif
 }
+// 16 bytes of a weight of which only 8- or 4-byte alignment is known.
+__device__ __forceinline__ int4 load_weight_16_from_8(const void* p) {
+  const int2 a = load_weight<int2>(p);
+  const int2 b = load_weight<int2>(static_cast<const int2*>(p) + 1);
+  return make_int4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ int4 load_weight_16_from_4(const void* p) {
+  const int* q = static_cast<const int*>(p);
+  return make_int4(load_weight<int>(q), load_weight<int>(q + 1), load_weight<int>(q + 2), load_weight<int>(q + 3));
+}
+
 // Programmatic dependent launch (Hopper): a kernel started with launch_overlapped() may begin while the
 // kernel before it in the stream still runs. It lets its own successor start at once (start_successor), does
 // whatever does not depend on earlier kernels (computing addresses, fetching weights toward the cache), and

@@ -1,13 +1,12 @@
 // Products of quantized weights with 8-bit activation rows, summed in integers on the tensor cores (int8 mma.sync:
-// NVIDIA sm_80 and later). A thread block takes kTileRows weight rows and up to kMaxTileCols activation rows, K tile
-// by K tile of 256 elements. Each tile's weight blocks, as stored, and activation levels and scales are copied to
-// shared memory (cp.async) a few tiles ahead of the one being multiplied, so that the copies are in flight while the
-// block computes. The weights are then decoded there by the type's Decoder (block_decoders.cuh) as the matrix-vector
-// kernels decode them, into levels and group scales; each warp multiplies its 16 weight rows with every activation
-// row, one group (16 or 32 elements under one scale) at a time, and applies the group's scales as the matrix-vector
-// kernels do (a factor times the integer dot product, an offset times the activations' sum). So the weights are read
-// once per kMaxTileCols rows in their stored type, never dequantized to f16, and the results differ from the
-// matrix-vector kernels' only in the order of float additions.
+// NVIDIA sm_80 and later). A thread block takes kTileRows weight rows and up to kMaxTileCols activation rows. For each
+// K tile of 256 elements it stages the weights' levels and group scales, decoded by the type's Decoder
+// (block_decoders.cuh) as the matrix-vector kernels decode them, and the activations' 8-bit levels, scales and sums;
+// then each warp multiplies its 16 weight rows with every activation row, one group (16 or 32 elements under one
+// scale) at a time, and applies the group's scales as the matrix-vector kernels do (a factor times the integer dot
+// product, an offset times the activations' sum). So the weights are read once per kMaxTileCols rows in their stored
+// type, never dequantized to f16, and the results differ from the matrix-vector kernels' only in the order of float
+// additions.
 //
 // Matrices with too few row tiles to fill the device split K over thread blocks, by a count that depends on the
 // matrix alone. Each split writes its part, and the last of a tile to finish adds the parts in split order: every
@@ -47,10 +46,8 @@ constexpr int kTileK = 256;       // elements of a K tile: a super-block, or eig
 // Bytes of a staged row: padded by 16, so that the eight rows of a fragment (272 bytes apart) fall in distinct
 // banks.
 constexpr int kStagedRowBytes = kTileK + 16;
+constexpr int kMaxGroups = kTileK / 16;
 constexpr int kActivationBlocksPerTile = kTileK / kActivationBlock;
-// Shared memory a thread block may take, so that two fit on a multiprocessor (228 KB on sm_90) and one's copies
-// are in flight while the other computes.
-constexpr size_t kSharedBytesPerBlock = 110 * 1024;
 
 template <typename Slice>
 struct IntegerScales : std::false_type {};
@@ -68,92 +65,23 @@ struct Tiling {
   static constexpr int kGroups = kTileK / kGroupElements;
   static constexpr int kBlocks = kTileK / D::kBlockElements;  // weight blocks of a row in a tile
   static constexpr int kSlices = kBlocks * D::kSlices;        // slices of a row in a tile
-  static constexpr int kRowBytes = kBlocks * D::kPayloadBytes;
-  // The widest copy that every payload's alignment in device memory allows.
-  static constexpr int kCopyBytes = D::kPayloadBytes % 16 == 0 ? 16 : D::kPayloadBytes % 8 == 0 ? 8 : 4;
-  static constexpr bool kSplitScales = split_scale_offset(T) >= 0;
   using GroupScale = std::conditional_t<kIntegerScales, int, float>;
   static_assert(!kIntegerScales || kBlocks == 1, "integer scales come with super-blocks of 256 elements");
 };
 
-// One K tile as copied from device memory for a thread block of kCols activation rows: the weights' payloads as
-// they lie there, for split types the aligned word that holds each block's scale (cp.async copies 4 bytes at least),
-// and the activations' levels and scales.
+// What a thread block of kCols activation rows stages of one K tile.
 template <TensorType T, int kCols>
-struct Stage {
-  using Z = Tiling<T>;
-  alignas(16) uint8_t weights[kTileRows * Z::kRowBytes];
-  alignas(16) int8_t activations[kCols][kStagedRowBytes];
-  ActivationScale activation_scales[kCols][kActivationBlocksPerTile];
-  uint32_t scale_words[Z::kSplitScales ? kTileRows * Z::kBlocks : 1];
-};
-
-// A stage decoded: the weights' levels in element order and each group's scales (rows padded by one, so that the
-// eight rows of a fragment fall in distinct banks), and the activations' scales and level sums per weight group,
-// column by column (a thread's two columns are one load).
-template <TensorType T, int kCols>
-struct Decoded {
-  using Z = Tiling<T>;
-  alignas(16) uint8_t weights[kTileRows][kStagedRowBytes];
-  typename Z::GroupScale scale[kTileRows][Z::kGroups + 1];   // per weight group: the scale, and
-  typename Z::GroupScale offset[kTileRows][Z::kGroups + 1];  // the offset (QuantSlice) or min (ScaledLevelSlice)
-  float d[kTileRows];                                        // ScaledLevelSlice: the block's factors
+struct Staged {
+  using GroupScale = typename Tiling<T>::GroupScale;
+  alignas(16) uint8_t weights[kTileRows][kStagedRowBytes];  // levels, in element order
+  alignas(16) int8_t activations[kCols][kStagedRowBytes];   // levels
+  GroupScale scale[kTileRows][kMaxGroups];                  // per weight group: the scale, and
+  GroupScale offset[kTileRows][kMaxGroups];                 // the offset (QuantSlice) or min (ScaledLevelSlice)
+  float d[kTileRows];                                       // ScaledLevelSlice: the block's factors
   float dmin[kTileRows];
-  alignas(8) float activation_d[kActivationBlocksPerTile][kCols];
-  alignas(8) int level_sum[Z::kGroups][kCols];
+  float activation_d[kCols][kActivationBlocksPerTile];
+  int16_t activation_sum[kCols][kMaxGroups];  // levels' sum per weight group
 };
-
-template <TensorType T, int kCols, int kStages>
-struct Shared {
-  Stage<T, kCols> stages[kStages];
-  Decoded<T, kCols> decoded;
-};
-
-// Stages in flight: as many as fit kSharedBytesPerBlock, from 2 to 4.
-template <TensorType T, int kCols>
-constexpr int kStages = sizeof(Shared<T, kCols, 4>) <= kSharedBytesPerBlock   ? 4
-                        : sizeof(Shared<T, kCols, 3>) <= kSharedBytesPerBlock ? 3
-                                                                              : 2;
-
-// Asynchronous copies to shared memory (sm_80 and later); an invalid one writes zeros and reads nothing.
-template <int kBytes>
-__device__ __forceinline__ void copy_async(void* shared, const void* global, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  const int source_bytes = valid ? kBytes : 0;
-  if constexpr (kBytes == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(address), "l"(global), "r"(source_bytes)
-                 : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(address), "l"(global), "n"(kBytes),
-                 "r"(source_bytes)
-                 : "memory");
-#endif
-}
-
-__device__ __forceinline__ void commit_copies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-// Waits until at most kPending of this thread's committed groups of copies are still in flight.
-template <int kPending>
-__device__ __forceinline__ void wait_copies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-#endif
-}
-
-// Calls fn(i) for i = threadIdx.x, + kThreads, ... below kCount, unrolled.
-template <int kCount, typename Fn>
-__device__ __forceinline__ void for_each_share(const Fn& fn) {
-#pragma unroll
-  for (int k = 0; k < (kCount + kThreads - 1) / kThreads; ++k) {
-    const int i = k * kThreads + static_cast<int>(threadIdx.x);
-    if (kCount % kThreads == 0 || i < kCount) fn(i);
-  }
-}
 
 // c += a b for a 16 x k tile of weight levels (unsigned with integer scales, else signed) and a k x 8 tile of
 // activation levels, k = 16 (a: 2 registers, b: 1) or 32 (a: 4, b: 2), in the fragment layouts of PTX's mma.
@@ -181,121 +109,72 @@ __device__ __forceinline__ void mma(int (&c)[4], const int (&a)[kK / 8], const i
 #endif
 }
 
-// The thread block's rows and columns of the product, and how it copies and decodes their K tiles.
+// Stages K tile `tile` of the block's weight rows (from first_row) and activation rows (from first_col).
 template <TensorType T, int kCols>
-struct TileBlock {
+__device__ __forceinline__ void stage(Staged<T, kCols>& s, const MatvecSegment& w, int64_t cols, int64_t first_row,
+                                      const ProductInput& x, int64_t n, int64_t first_col, int64_t tile) {
   using Z = Tiling<T>;
   using D = typename Z::D;
-  const MatvecSegment& w;
-  int64_t cols;
-  int64_t row_blocks;  // weight blocks of a row
-  int64_t first_row;
-  const ProductInput& x;
-  int64_t n;
-  int64_t first_col;
-
-  // Starts copying K tile `tile` of the weight rows into `stage`.
-  __device__ __forceinline__ void copy_weights(int64_t tile, Stage<T, kCols>& stage) const {
-    constexpr int kUnitsPerBlock = D::kPayloadBytes / Z::kCopyBytes;
-    constexpr int kUnitsPerRow = Z::kBlocks * kUnitsPerBlock;
-    for_each_share<kTileRows * kUnitsPerRow>([&](int i) {
-      const int r = i / kUnitsPerRow;
-      const int unit = i % kUnitsPerRow;
-      const int64_t block = tile * Z::kBlocks + unit / kUnitsPerBlock;
-      const bool valid = first_row + r < w.rows && block < row_blocks;
-      const uint8_t* source = w.weight.blocks;
-      if (valid)
-        source += ((first_row + r) * row_blocks + block) * D::kPayloadBytes + unit % kUnitsPerBlock * Z::kCopyBytes;
-      copy_async<Z::kCopyBytes>(&stage.weights[i * Z::kCopyBytes], source, valid);
-    });
-    if constexpr (Z::kSplitScales) {
-      for_each_share<kTileRows * Z::kBlocks>([&](int i) {
-        const int r = i / Z::kBlocks;
-        const int64_t block = tile * Z::kBlocks + i % Z::kBlocks;
-        const bool valid = first_row + r < w.rows && block < row_blocks;
-        const uint16_t* source = w.weight.scales;
-        if (valid) source += ((first_row + r) * row_blocks + block) & ~int64_t{1};
-        copy_async<4>(&stage.scale_words[i], source, valid);
-      });
+  const int64_t row_blocks = cols / D::kBlockElements;
+  for (int i = static_cast<int>(threadIdx.x); i < kTileRows * Z::kSlices; i += kThreads) {
+    const int r = i / Z::kSlices;
+    const int block = i % Z::kSlices / D::kSlices;
+    const int slice = i % D::kSlices;
+    const int64_t row_block = tile * Z::kBlocks + block;
+    const bool valid = first_row + r < w.rows && row_block < row_blocks;
+    typename Z::Slice q{};
+    if (valid) q = D::load(w.weight, (first_row + r) * row_blocks + row_block, slice);
+#pragma unroll
+    for (int g = 0; g < Z::Slice::kGroups; ++g) {
+      const int start = block * D::kBlockElements + D::group_start(slice, g);
+#pragma unroll
+      for (int k = 0; k < Z::Slice::kInts; k += 4)
+        *reinterpret_cast<int4*>(&s.weights[r][start + 4 * k]) =
+            make_int4(q.q[g][k], q.q[g][k + 1], q.q[g][k + 2], q.q[g][k + 3]);
+      const int group = start / Z::kGroupElements;
+      if constexpr (Z::kIntegerScales) {
+        s.scale[r][group] = q.scale[g];
+        s.offset[r][group] = q.min[g];
+      } else {
+        s.scale[r][group] = q.scale[g];
+        s.offset[r][group] = q.offset[g];
+      }
+    }
+    if constexpr (Z::kIntegerScales) {
+      if (slice == 0) {
+        s.d[r] = valid ? q.d : 0.0f;
+        s.dmin[r] = valid ? q.dmin : 0.0f;
+      }
     }
   }
-
-  // Starts copying K tile `tile` of the activation rows into `stage`; rows past n and elements past the row's end
-  // are zeros.
-  __device__ __forceinline__ void copy_activations(int64_t tile, Stage<T, kCols>& stage) const {
-    constexpr int kPieces = kTileK / 16;
-    for_each_share<kCols * kPieces>([&](int i) {
-      const int c = i / kPieces;
-      const int64_t element = tile * kTileK + 16 * (i % kPieces);
-      const bool valid = first_col + c < n && element < cols;
-      copy_async<16>(&stage.activations[c][16 * (i % kPieces)], valid ? x.q + (first_col + c) * cols + element : x.q,
-                     valid);
-    });
-    for_each_share<kCols * kActivationBlocksPerTile>([&](int i) {
-      const int c = i / kActivationBlocksPerTile;
-      const int64_t element = tile * kTileK + i % kActivationBlocksPerTile * kActivationBlock;
-      const bool valid = first_col + c < n && element < cols;
-      const ActivationScale* source =
-          valid ? x.scales + ((first_col + c) * cols + element) / kActivationBlock : x.scales;
-      copy_async<8>(&stage.activation_scales[c][i % kActivationBlocksPerTile], source, valid);
-    });
+  // Activation rows past n and elements past the row's end stage as zeros.
+  constexpr int kPieces = kTileK / 16;
+  for (int i = static_cast<int>(threadIdx.x); i < kCols * kPieces; i += kThreads) {
+    const int c = i / kPieces;
+    const int64_t element = tile * kTileK + 16 * (i % kPieces);
+    int4 levels = make_int4(0, 0, 0, 0);
+    if (first_col + c < n && element < cols) levels = load_16(x.q + (first_col + c) * cols + element);
+    *reinterpret_cast<int4*>(&s.activations[c][16 * (i % kPieces)]) = levels;
   }
-
-  // Decodes K tile `tile`, copied to `stage`, into `decoded`.
-  __device__ __forceinline__ void decode(int64_t tile, const Stage<T, kCols>& stage, Decoded<T, kCols>& decoded) const {
-    for_each_share<kCols * kActivationBlocksPerTile>([&](int i) {
-      const int c = i % kCols;
-      const int b = i / kCols;
-      const ActivationScale scale = stage.activation_scales[c][b];
-      decoded.activation_d[b][c] = scale.d;
-      if constexpr (Z::kGroupElements == 32) {
-        decoded.level_sum[b][c] = scale.sum[0] + scale.sum[1];
-      } else {
-        decoded.level_sum[2 * b][c] = scale.sum[0];
-        decoded.level_sum[2 * b + 1][c] = scale.sum[1];
-      }
-    });
-    for_each_share<kTileRows * Z::kSlices>([&](int i) {
-      const int r = i / Z::kSlices;
-      const int block = i % Z::kSlices / D::kSlices;
-      const int slice = i % D::kSlices;
-      const int staged = r * Z::kBlocks + block;
-      WeightView view{stage.weights, nullptr};
-      if constexpr (Z::kSplitScales) {
-        // The block's scale is the half of its staged word that the parity of its index in device memory picks;
-        // the decoder reads it at view.scales + staged.
-        const int64_t index = (first_row + r) * row_blocks + tile * Z::kBlocks + block;
-        view.scales = reinterpret_cast<const uint16_t*>(stage.scale_words) + staged + (index & 1);
-      }
-      const typename Z::Slice q = D::template load<StagedBlocks>(view, staged, slice);
-#pragma unroll
-      for (int g = 0; g < Z::Slice::kGroups; ++g) {
-        const int start = block * D::kBlockElements + D::group_start(slice, g);
-#pragma unroll
-        for (int k = 0; k < Z::Slice::kInts; k += 4)
-          *reinterpret_cast<int4*>(&decoded.weights[r][start + 4 * k]) =
-              make_int4(q.q[g][k], q.q[g][k + 1], q.q[g][k + 2], q.q[g][k + 3]);
-        const int group = start / Z::kGroupElements;
-        decoded.scale[r][group] = q.scale[g];
-        if constexpr (Z::kIntegerScales)
-          decoded.offset[r][group] = q.min[g];
-        else
-          decoded.offset[r][group] = q.offset[g];
-      }
-      if constexpr (Z::kIntegerScales) {
-        if (slice == 0) {
-          decoded.d[r] = q.d;
-          decoded.dmin[r] = q.dmin;
-        }
-      }
-    });
+  for (int i = static_cast<int>(threadIdx.x); i < kCols * kActivationBlocksPerTile; i += kThreads) {
+    const int c = i / kActivationBlocksPerTile;
+    const int b = i % kActivationBlocksPerTile;
+    const int64_t element = tile * kTileK + b * kActivationBlock;
+    ActivationScale scale{0.0f, {0, 0}};
+    if (first_col + c < n && element < cols) scale = x.scales[((first_col + c) * cols + element) / kActivationBlock];
+    s.activation_d[c][b] = scale.d;
+    if constexpr (Z::kGroupElements == 32) {
+      s.activation_sum[c][b] = static_cast<int16_t>(scale.sum[0] + scale.sum[1]);
+    } else {
+      s.activation_sum[c][2 * b] = scale.sum[0];
+      s.activation_sum[c][2 * b + 1] = scale.sum[1];
+    }
   }
-};
+}
 
 // Thread block (row tile, column tile, split) of y (+)= x W^T for a segment of `T` weights; a column tile is
 // kColTiles fragments of 8 activation rows. Where `splits` > 1 (one column tile), the splits write their parts to
-// `parts` and count their arrivals at `arrivals` (zero between launches). K tiles are copied kStages - 1 ahead of
-// the one being multiplied, so that a thread block keeps device memory busy while it decodes and multiplies.
+// `parts` and count their arrivals at `arrivals` (zero between launches).
 template <TensorType T, int kColTiles>
 __global__ void __launch_bounds__(kThreads)
     matmul_q8_kernel(MatvecSegment w, int64_t cols, ProductInput x, int64_t n, bool accumulate, int splits,
@@ -303,17 +182,10 @@ __global__ void __launch_bounds__(kThreads)
   using Z = Tiling<T>;
   constexpr int kK = Z::kGroupElements;
   constexpr int kCols = 8 * kColTiles;
-  constexpr int kDepth = kStages<T, kCols>;
-  extern __shared__ uint4 shared_memory[];
-  auto& s = *reinterpret_cast<Shared<T, kCols, kDepth>*>(shared_memory);
+  __shared__ Staged<T, kCols> s;
   start_successor();
-  const TileBlock<T, kCols> block{w,
-                                  cols,
-                                  cols / Z::D::kBlockElements,
-                                  static_cast<int64_t>(blockIdx.x) * kTileRows,
-                                  x,
-                                  n,
-                                  static_cast<int64_t>(blockIdx.y) * kCols};
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kTileRows;
+  const int64_t first_col = static_cast<int64_t>(blockIdx.y) * kCols;
   const int64_t tiles = (cols + kTileK - 1) / kTileK;
   const int64_t tiles_per_split = (tiles + splits - 1) / splits;
   const int64_t first_tile = blockIdx.z * tiles_per_split;
@@ -325,65 +197,45 @@ __global__ void __launch_bounds__(kThreads)
   const int thread_id = lane % 4;
   const int rows[2] = {warp * 16 + group_id, warp * 16 + group_id + 8};
 
-  // The weights come from no earlier kernel: their first stages are requested before waiting for it.
-  for (int k = 0; k < kDepth - 1; ++k)
-    if (first_tile + k < end_tile) block.copy_weights(first_tile + k, s.stages[k]);
-  wait_for_predecessor();
-  for (int k = 0; k < kDepth - 1; ++k) {
-    if (first_tile + k < end_tile) block.copy_activations(first_tile + k, s.stages[k]);
-    commit_copies();
-  }
-
   float acc[kColTiles][4] = {};
+  wait_for_predecessor();
   for (int64_t tile = first_tile; tile < end_tile; ++tile) {
-    const int64_t step = tile - first_tile;
-    wait_copies<kDepth - 2>();  // this thread's copies of the tile have landed
-    __syncthreads();            // and everyone's; the previous tile's stage and fragments are read
-    const int64_t ahead = tile + kDepth - 1;
-    if (ahead < end_tile) {
-      Stage<T, kCols>& next = s.stages[(step + kDepth - 1) % kDepth];
-      block.copy_weights(ahead, next);
-      block.copy_activations(ahead, next);
-    }
-    commit_copies();  // possibly empty: every step commits one group
-    const Stage<T, kCols>& stage = s.stages[step % kDepth];
-    block.decode(tile, stage, s.decoded);
+    __syncthreads();  // the previous tile's fragments are read
+    stage<T>(s, w, cols, first_row, x, n, first_col, tile);
     __syncthreads();
-    const Decoded<T, kCols>& d = s.decoded;
     int sums[kColTiles][4] = {};
     int mins[kColTiles][4] = {};
 #pragma unroll
     for (int group = 0; group < Z::kGroups; ++group) {
       const int k = group * kK + 4 * thread_id;
       int a[kK / 8];
-      a[0] = *reinterpret_cast<const int*>(&d.weights[rows[0]][k]);
-      a[1] = *reinterpret_cast<const int*>(&d.weights[rows[1]][k]);
+      a[0] = *reinterpret_cast<const int*>(&s.weights[rows[0]][k]);
+      a[1] = *reinterpret_cast<const int*>(&s.weights[rows[1]][k]);
       if constexpr (kK == 32) {
-        a[2] = *reinterpret_cast<const int*>(&d.weights[rows[0]][k + 16]);
-        a[3] = *reinterpret_cast<const int*>(&d.weights[rows[1]][k + 16]);
+        a[2] = *reinterpret_cast<const int*>(&s.weights[rows[0]][k + 16]);
+        a[3] = *reinterpret_cast<const int*>(&s.weights[rows[1]][k + 16]);
       }
-      const typename Z::GroupScale scale[2] = {d.scale[rows[0]][group], d.scale[rows[1]][group]};
-      const typename Z::GroupScale offset[2] = {d.offset[rows[0]][group], d.offset[rows[1]][group]};
+      const typename Z::GroupScale scale[2] = {s.scale[rows[0]][group], s.scale[rows[1]][group]};
+      const typename Z::GroupScale offset[2] = {s.offset[rows[0]][group], s.offset[rows[1]][group]};
 #pragma unroll
       for (int t = 0; t < kColTiles; ++t) {
         int b[kK / 16];
-        b[0] = *reinterpret_cast<const int*>(&stage.activations[8 * t + group_id][k]);
-        if constexpr (kK == 32) b[1] = *reinterpret_cast<const int*>(&stage.activations[8 * t + group_id][k + 16]);
+        b[0] = *reinterpret_cast<const int*>(&s.activations[8 * t + group_id][k]);
+        if constexpr (kK == 32) b[1] = *reinterpret_cast<const int*>(&s.activations[8 * t + group_id][k + 16]);
         int c[4] = {0, 0, 0, 0};
         mma<Z::kIntegerScales, kK>(c, a, b);
         // c[i]: weight row rows[i / 2], activation row 8t + 2 thread_id + i % 2.
         const int col = 8 * t + 2 * thread_id;
-        const int2 sum2 = *reinterpret_cast<const int2*>(&d.level_sum[group][col]);
-        const int sum[2] = {sum2.x, sum2.y};
+        const int level_sum[2] = {s.activation_sum[col][group], s.activation_sum[col + 1][group]};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           if constexpr (Z::kIntegerScales) {
             sums[t][i] += scale[i / 2] * c[i];
-            mins[t][i] += offset[i / 2] * sum[i % 2];
+            mins[t][i] += offset[i / 2] * level_sum[i % 2];
           } else {
-            const float xd = d.activation_d[group * kK / kActivationBlock][col + i % 2];
+            const float d = s.activation_d[col + i % 2][group * kK / kActivationBlock];
             acc[t][i] +=
-                xd * (scale[i / 2] * static_cast<float>(c[i]) + offset[i / 2] * static_cast<float>(sum[i % 2]));
+                d * (scale[i / 2] * static_cast<float>(c[i]) + offset[i / 2] * static_cast<float>(level_sum[i % 2]));
           }
         }
       }
@@ -395,15 +247,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int row = rows[i / 2];
-          acc[t][i] += d.activation_d[0][8 * t + 2 * thread_id + i % 2] *
-                       (d.d[row] * static_cast<float>(sums[t][i]) - d.dmin[row] * static_cast<float>(mins[t][i]));
+          acc[t][i] += s.activation_d[8 * t + 2 * thread_id + i % 2][0] *
+                       (s.d[row] * static_cast<float>(sums[t][i]) - s.dmin[row] * static_cast<float>(mins[t][i]));
         }
     }
   }
 
   const auto store = [&](int t, int i, float value) {
-    const int64_t row = block.first_row + rows[i / 2];
-    const int64_t col = block.first_col + 8 * t + 2 * thread_id + i % 2;
+    const int64_t row = first_row + rows[i / 2];
+    const int64_t col = first_col + 8 * t + 2 * thread_id + i % 2;
     if (row >= w.rows || col >= n) return;
     float* out = w.y + col * w.rows + row;
     *out = accumulate ? *out + value : value;
@@ -478,24 +330,16 @@ void matmul_q8(TensorType type, const MatvecSegment& segment, int64_t cols, cons
         int64_t splits = std::clamp<int64_t>((wanted + row_tiles - 1) / row_tiles, 1, k_tiles);
         const int64_t tiles_per_split = (k_tiles + splits - 1) / splits;
         splits = (k_tiles + tiles_per_split - 1) / tiles_per_split;
-        constexpr size_t kSharedBytes = sizeof(Shared<T, kCols, kStages<T, kCols>>);
-        // Asked for once per kernel rather than at every launch.
-        static const auto kernel = [] {
-          check(cudaFuncSetAttribute(matmul_q8_kernel<T, kColTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kSharedBytes)),
-                "matmul_q8: asking for shared memory");
-          return matmul_q8_kernel<T, kColTiles>;
-        }();
         const auto launch_columns = [&](int64_t first, int64_t count, unsigned col_tiles) {
           ProductInput columns = x;
           columns.q += first * cols;
           columns.scales += first * cols / kActivationBlock;
           MatvecSegment out = segment;
           out.y += first * segment.rows;
-          launch_overlapped("matmul_q8", kernel,
+          launch_overlapped("matmul_q8", matmul_q8_kernel<T, kColTiles>,
                             dim3(static_cast<unsigned>(row_tiles), col_tiles, static_cast<unsigned>(splits)),
-                            dim3(kThreads), kSharedBytes, stream, out, cols, columns, count, accumulate,
-                            static_cast<int>(splits), scratch.parts.as<float>(), scratch.arrivals.as<unsigned>());
+                            dim3(kThreads), 0, stream, out, cols, columns, count, accumulate, static_cast<int>(splits),
+                            scratch.parts.as<float>(), scratch.arrivals.as<unsigned>());
         };
         if (splits == 1) {
           launch_columns(0, n, static_cast<unsigned>((n + kCols - 1) / kCols));

@@ -93,8 +93,8 @@ inline constexpr int kQ6KChunksInFlight = 2;
 
 // ---- 8-bit tensor-core products (matmul_q8.cu) ----
 
-// A matrix whose row tiles give fewer thread blocks than this a multiprocessor splits K until it has them, so that
-// small matrices still reach every multiprocessor (on the H200, 2 and 8 decoded no faster than 4).
+// A matrix whose row tiles give fewer thread blocks than this a multiprocessor splits K until it has them: a thread
+// block stages one K tile at a time, so a multiprocessor needs several blocks in flight to keep device memory busy.
 inline constexpr int64_t kMatmulQ8BlocksPerMultiprocessor = 4;
 
 // ---- product chains (product_chain.cu; CUDA on Hopper only) ----
