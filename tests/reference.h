@@ -74,8 +74,4 @@ inline double cosine(std::span<const float> a, std::span<const float> b) {
   return ab / std::sqrt(aa * bb);
 }
 
-inline int32_t argmax(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-}
-
 }  // namespace rf::test

@@ -23,6 +23,7 @@
 #include "gguf/gguf.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer.h"
+#include "util/argmax.h"
 #include "util/error.h"
 
 namespace rf::cli {
@@ -35,10 +36,6 @@ struct EvalOptions {
   std::string out_prefix;
   engine::EngineOptions engine{.device = engine::Device::Cpu};
 };
-
-int32_t argmax(std::span<const float> logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
 
 void write_file(const std::string& path, const void* data, size_t bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -69,7 +66,7 @@ void eval(const EvalOptions& options) {
   for (int64_t i = 0; i < options.n_tokens; ++i) {
     if (i > 0) chooser = engine.append(greedy_tokens.back());
     rows.insert(rows.end(), chooser.begin(), chooser.end());
-    greedy_tokens.push_back(argmax(chooser));
+    greedy_tokens.push_back(index_of_largest(chooser));
   }
 
   const std::string logits_path = options.out_prefix + ".logits.f32";

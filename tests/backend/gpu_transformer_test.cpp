@@ -32,11 +32,11 @@
 #include "error_of.h"
 #include "reference.h"
 #include "test_paths.h"
+#include "util/argmax.h"
 
 namespace rf::gpu {
 namespace {
 
-using test::argmax;
 using test::cosine;
 using test::read_reference;
 using test::Reference;
@@ -163,7 +163,7 @@ void check_against_cpu_and_reference(const Reference& ref, bool float_activation
       std::vector<int32_t> generated;
       std::span<const float> logits = gpu.forward(ref.prompt_tokens, 0);
       for (int64_t i = 0; i < n_greedy; ++i) {
-        generated.push_back(argmax(logits));
+        generated.push_back(index_of_largest(logits));
         if (i + 1 < n_greedy) logits = gpu.forward({&generated.back(), 1}, n_prompt + i);
       }
       EXPECT_EQ(generated, ref.greedy_tokens);

@@ -12,11 +12,11 @@
 #include "backend/cpu/transformer.h"
 #include "reference.h"
 #include "test_paths.h"
+#include "util/argmax.h"
 
 namespace rf {
 namespace {
 
-using test::argmax;
 using test::cosine;
 using test::read_reference;
 using test::Reference;
@@ -66,7 +66,7 @@ Agreement compare(const Reference& ref, bool float_activations) {
   }
   for (int64_t i = 0; i < n_greedy; ++i)
     agreement.greedy_matches +=
-        argmax(rows[static_cast<size_t>(n_prompt + i)]) == ref.greedy_tokens[static_cast<size_t>(i)];
+        index_of_largest(rows[static_cast<size_t>(n_prompt + i)]) == ref.greedy_tokens[static_cast<size_t>(i)];
   std::cout << "[ reference ] " << ref.model_path << (float_activations ? " (float activations)" : "")
             << ": min cosine " << agreement.min_cosine << " (row " << agreement.worst_row
             << " of " << ref.rows << "), greedy " << agreement.greedy_matches << "/" << n_greedy << "\n";
