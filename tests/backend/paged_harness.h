@@ -220,16 +220,17 @@ class PagedBatch {
   float largest_relative_difference_ = 0.0f;
 };
 
-// Calls check(float_activations, max_batch, run) with float and with 8-bit activations, each in passes of 512 and of 5
-// tokens; `run` names the setting.
-template <typename Check>
-void for_each_setting(const Check& check) {
+// Calls check(runs, run) with a fresh Runs (a PagedBatch) of model `name` for float and for 8-bit activations, each
+// in passes of 512 and of 5 tokens; `run` names the setting.
+template <typename Runs, typename Check>
+void for_each_setting(const std::string& name, const Check& check) {
   for (const bool float_activations : {true, false})
     for (const int64_t max_batch : {512, 5}) {
       const std::string run =
           std::string(float_activations ? "float" : "8-bit") + " activations, max_batch " + std::to_string(max_batch);
       SCOPED_TRACE(run);
-      check(float_activations, max_batch, run);
+      Runs runs(model_path(name), max_batch, float_activations);
+      check(runs, run);
     }
 }
 
@@ -240,8 +241,7 @@ void for_each_setting(const Check& check) {
 template <typename Runs>
 void expect_sequences_get_the_logits_they_get_alone(const std::string& name) {
   using model::Logits;
-  for_each_setting([&](bool float_activations, int64_t max_batch, const std::string& run) {
-    Runs runs(model_path(name), max_batch, float_activations);
+  for_each_setting<Runs>(name, [&](Runs& runs, const std::string& run) {
     const model::ModelConfig& c = runs.config();
     Sequence& a = runs.start();
     Sequence& b = runs.start();
@@ -297,8 +297,7 @@ void expect_forked_sequence_continues_from_a_copied_block(const std::string& nam
 template <typename Runs>
 void expect_argmax_sequences_get_their_largest_logit(const std::string& name) {
   using model::Logits;
-  for_each_setting([&](bool float_activations, int64_t max_batch, const std::string& run) {
-    Runs runs(model_path(name), max_batch, float_activations);
+  for_each_setting<Runs>(name, [&](Runs& runs, const std::string& run) {
     const model::ModelConfig& c = runs.config();
     Sequence& a = runs.start();
     Sequence& b = runs.start();
