@@ -44,10 +44,17 @@ class GpuKernels : public ::testing::Test {
   std::unique_ptr<Stream> stream_;
 };
 
+// A copy from pageable memory may return before it lands, and the tests' streams do not wait for the default one:
+// the device is synchronized before the kernels read it.
+void upload(void* device, const void* host, size_t bytes) {
+  check(gpuMemcpy(device, host, bytes, gpuMemcpyHostToDevice), "test upload");
+  check(gpuDeviceSynchronize(), "test upload");
+}
+
 template <typename T>
 DeviceBuffer to_device(const std::vector<T>& host) {
   DeviceBuffer buffer(host.size() * sizeof(T), "test data");
-  check(gpuMemcpy(buffer.data(), host.data(), buffer.bytes(), gpuMemcpyHostToDevice), "test upload");
+  upload(buffer.data(), host.data(), buffer.bytes());
   return buffer;
 }
 
@@ -216,9 +223,7 @@ TEST_F(GpuKernels, ProductsOfARowDoNotDependOnTheBatch) {
         ActivationRows rows(batch, m.cols, ProductPolicy::BatchInvariant);
         // y for rows first .. first + n - 1 of x.
         const auto multiply = [&](int64_t first, int64_t n) {
-          check(gpuMemcpy(rows.f32(), x.data() + first * m.cols, static_cast<size_t>(n * m.cols) * sizeof(float),
-                          gpuMemcpyHostToDevice),
-                "copying x");
+          upload(rows.f32(), x.data() + first * m.cols, static_cast<size_t>(n * m.cols) * sizeof(float));
           const DeviceBuffer y(static_cast<size_t>(n * m.rows) * sizeof(float), "y");
           rows.changed();
           const Products::Target target{weight, y.as<float>()};

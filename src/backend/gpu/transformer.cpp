@@ -396,7 +396,10 @@ Transformer::State::State(const model::ExecutionPlan& plan_, int64_t first_layer
     const std::vector<double> inverse = config.rope_inverse_frequencies(sliding, freq_factors);
     const DeviceBuffer& inverse_frequencies =
         frequencies.emplace_back(inverse.size() * sizeof(double), "rotary frequencies");
-    check(gpuMemcpy(inverse_frequencies.data(), inverse.data(), inverse_frequencies.bytes(), gpuMemcpyHostToDevice),
+    // On the stream: a plain copy from pageable memory may return before it lands, and this stream does not wait for
+    // the default one.
+    check(gpuMemcpyAsync(inverse_frequencies.data(), inverse.data(), inverse_frequencies.bytes(), gpuMemcpyHostToDevice,
+                         stream.get()),
           "uploading rotary frequencies");
     rope[sliding] = DeviceBuffer(bytes_of_floats(context * 2 * shape.rope_pairs), "rotary angles");
     rope_table(inverse_frequencies.as<double>(), shape.rope_pairs, context, rope[sliding].as<float>(), stream.get());
