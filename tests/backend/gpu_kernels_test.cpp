@@ -210,12 +210,15 @@ TEST_P(GpuWeightTypes, MatmulQ8MatchesDequantizedProduct) {
 
 // A row's products are the same bits whatever the rows beside it where the pass asks for that
 // (ProductPolicy::BatchInvariant, paged passes): each row of a batch against the same row alone, at the widths of a
-// small model (128: part of one K tile; 384) and a larger one (512: K split in two), with rows of part of a tile.
+// small model (128: part of one K tile; 384) and larger ones (512: K split in two; 4864: in 19), with rows of part of
+// a tile. Batches of 2 and the rows alone of the K-quants and IQ4_XS go by the matrix-vector pass in tile order, larger
+// batches by tiles.
 TEST_F(GpuKernels, ProductsOfARowDoNotDependOnTheBatch) {
-  for (const TensorType type : {TensorType::F32, TensorType::F16, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K})
-    for (const int64_t cols : {128, 384, 512}) {
+  for (const TensorType type : {TensorType::F32, TensorType::F16, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q5_K,
+                                TensorType::Q6_K, TensorType::IQ4_XS})
+    for (const int64_t cols : {128, 384, 512, 4864}) {
       if (cols % tensor_type_info(type).block_elements != 0) continue;
-      for (const int64_t batch : {3, 9, 64}) {
+      for (const int64_t batch : {2, 3, 9, 64}) {
         const TestMatrix m = make_matrix(type, 72, cols, stream());
         const DeviceMatrix weight{type, m.view(), m.rows, m.cols};
         const std::vector<float> x = test::random_normal(static_cast<size_t>(batch * m.cols), 11);

@@ -546,24 +546,36 @@ __device__ __forceinline__ int group_level_sum(const ActivationScale& as, int fi
   return kInts == 8 ? as.sum[0] + as.sum[1] : as.sum[(first / 16) % 2];
 }
 
-// Sum over a slice of weight * activation, for activations in Q8_K blocks (one scale per 256 values): x and
-// xs are the levels and scales from the block's first element, group g starts at element start(g). The
-// levels and scales are multiplied and summed in integers (at most 2^27 in magnitude for the K-quants), the
-// floats applied once.
+// A slice's integer sums with activations in Q8_K blocks (one scale per 256 values): the levels times the
+// activations' levels, each group under its scale, and the mins times the activations' level sums (at most 2^27 in
+// magnitude for the K-quants). x and xs are the levels and scales from the block's first element, group g starts at
+// element start(g).
+struct ScaledSums {
+  int sum;
+  int offset;
+};
 template <int G, int I, typename Start>
-__device__ __forceinline__ float scaled_dot(const ScaledLevelSlice<G, I>& s, const int8_t* x,
-                                            const ActivationScale* xs, Start start) {
-  int sum = 0;
-  int offset = 0;
+__device__ __forceinline__ ScaledSums scaled_sums(const ScaledLevelSlice<G, I>& s, const int8_t* x,
+                                                  const ActivationScale* xs, Start start) {
+  ScaledSums sums{0, 0};
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     const int first = start(g);
-    sum += s.scale[g] * group_dot<I, dot4_u8_i8>(s.q[g], x + first);
-    offset += s.min[g] * group_level_sum<I>(xs[first / kActivationBlock], first);
+    sums.sum += s.scale[g] * group_dot<I, dot4_u8_i8>(s.q[g], x + first);
+    sums.offset += s.min[g] * group_level_sum<I>(xs[first / kActivationBlock], first);
   }
+  return sums;
+}
+
+// Sum over a slice of weight * activation, for activations in Q8_K blocks: the integer sums, the floats applied once.
+template <int G, int I, typename Start>
+__device__ __forceinline__ float scaled_dot(const ScaledLevelSlice<G, I>& s, const int8_t* x,
+                                            const ActivationScale* xs, Start start) {
+  const ScaledSums sums = scaled_sums(s, x, xs, start);
   // The Q8_K block's one scale, from the entry whose sums were just read: the same load (entry 0 instead, a
   // load of its own, was slower).
-  return xs[start(0) / kActivationBlock].d * (s.d * static_cast<float>(sum) - s.dmin * static_cast<float>(offset));
+  return xs[start(0) / kActivationBlock].d *
+         (s.d * static_cast<float>(sums.sum) - s.dmin * static_cast<float>(sums.offset));
 }
 
 }  // namespace decode

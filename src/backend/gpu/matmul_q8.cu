@@ -12,6 +12,15 @@
 // matrix alone. Each split writes its part, and the last of a tile to finish adds the parts in split order: every
 // value is summed in the same order however the thread blocks ran and whatever the batch, so a row's results are the
 // same bits alone or among others.
+//
+// A tile of 64 rows that holds only a few activation rows leaves the tensor cores mostly idle while each thread
+// block stages and decodes its weights: up to kMaxOrderedRows activation rows of weights with integer scales (the
+// K-quants and IQ4_XS) run instead as a matrix-vector pass that sums in the tile kernel's order
+// (matvec_in_tile_order_kernel). Its lanes read the weights as the matrix-vector kernels do, each lane a slice of a K
+// tile at a time, several in flight, in any order: a tile's integer sums are exact whatever the order, and its float
+// factor (tile_inner) is computed with the same roundings. The thread block keeps those factors in shared memory
+// and then walks each row's tiles in the tile kernel's order, split by split (add_tile), and adds the splits in
+// split order. So a row's results are the same bits at every batch, while the weights stream at matrix-vector speed.
 #include <algorithm>
 #include <type_traits>
 
@@ -68,6 +77,37 @@ struct Tiling {
   using GroupScale = std::conditional_t<kIntegerScales, int, float>;
   static_assert(!kIntegerScales || kBlocks == 1, "integer scales come with super-blocks of 256 elements");
 };
+
+// A K tile's term of one output with integer scales is xd (d sum - dmin offset), for the activation row's scale xd
+// and the weight row's factors: tile_inner is the part in brackets, add_tile adds the term to acc. Every rounding is
+// spelled out, so that the compiler contracts nothing its own way and both kernels that sum tiles get the same bits.
+__device__ __forceinline__ float tile_inner(float d, float dmin, int sum, int offset) {
+  return __fmaf_rn(d, static_cast<float>(sum), __fmul_rn(-dmin, static_cast<float>(offset)));
+}
+__device__ __forceinline__ float add_tile(float acc, float xd, float inner) { return __fmaf_rn(xd, inner, acc); }
+
+// Output (weight row, activation row) of y (+)= x W^T.
+__device__ __forceinline__ void store_output(const MatvecSegment& w, int64_t row, int64_t col, bool accumulate,
+                                             float value) {
+  float* out = w.y + col * w.rows + row;
+  *out = accumulate ? *out + value : value;
+}
+
+// How K is split over thread blocks for a matrix of `rows` rows and `k_tiles` K tiles: where the row tiles alone give
+// fewer than kMatmulQ8BlocksPerMultiprocessor thread blocks a multiprocessor, each split taking at least one K tile
+// and every split some. By the matrix alone, not the batch.
+struct KSplit {
+  int64_t splits;
+  int64_t tiles_per_split;
+};
+KSplit k_split(int64_t rows, int64_t k_tiles) {
+  static const int multiprocessors = device_info().multiprocessors;  // asks the driver: once
+  const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
+  const int64_t wanted = tuning::kMatmulQ8BlocksPerMultiprocessor * multiprocessors;
+  const int64_t splits = std::clamp<int64_t>((wanted + row_tiles - 1) / row_tiles, 1, k_tiles);
+  const int64_t tiles_per_split = (k_tiles + splits - 1) / splits;
+  return {(k_tiles + tiles_per_split - 1) / tiles_per_split, tiles_per_split};
+}
 
 // What a thread block of kCols activation rows stages of one K tile.
 template <TensorType T, int kCols>
@@ -173,12 +213,12 @@ __device__ __forceinline__ void stage(Staged<T, kCols>& s, const MatvecSegment& 
 }
 
 // Thread block (row tile, column tile, split) of y (+)= x W^T for a segment of `T` weights; a column tile is
-// kColTiles fragments of 8 activation rows. Where `splits` > 1 (one column tile), the splits write their parts to
-// `parts` and count their arrivals at `arrivals` (zero between launches).
+// kColTiles fragments of 8 activation rows. K is split as k_split says; where `splits` > 1 (one column tile), the
+// splits write their parts to `parts` and count their arrivals at `arrivals` (zero between launches).
 template <TensorType T, int kColTiles>
 __global__ void __launch_bounds__(kThreads)
     matmul_q8_kernel(MatvecSegment w, int64_t cols, ProductInput x, int64_t n, bool accumulate, int splits,
-                     float* parts, unsigned* arrivals) {
+                     int tiles_per_split, float* parts, unsigned* arrivals) {
   using Z = Tiling<T>;
   constexpr int kK = Z::kGroupElements;
   constexpr int kCols = 8 * kColTiles;
@@ -187,8 +227,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kTileRows;
   const int64_t first_col = static_cast<int64_t>(blockIdx.y) * kCols;
   const int64_t tiles = (cols + kTileK - 1) / kTileK;
-  const int64_t tiles_per_split = (tiles + splits - 1) / splits;
-  const int64_t first_tile = blockIdx.z * tiles_per_split;
+  const int64_t first_tile = static_cast<int64_t>(blockIdx.z) * tiles_per_split;
   const int64_t end_tile = min(tiles, first_tile + tiles_per_split);
 
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
@@ -247,8 +286,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int row = rows[i / 2];
-          acc[t][i] += s.activation_d[8 * t + 2 * thread_id + i % 2][0] *
-                       (s.d[row] * static_cast<float>(sums[t][i]) - s.dmin[row] * static_cast<float>(mins[t][i]));
+          acc[t][i] = add_tile(acc[t][i], s.activation_d[8 * t + 2 * thread_id + i % 2][0],
+                               tile_inner(s.d[row], s.dmin[row], sums[t][i], mins[t][i]));
         }
     }
   }
@@ -256,9 +295,7 @@ __global__ void __launch_bounds__(kThreads)
   const auto store = [&](int t, int i, float value) {
     const int64_t row = first_row + rows[i / 2];
     const int64_t col = first_col + 8 * t + 2 * thread_id + i % 2;
-    if (row >= w.rows || col >= n) return;
-    float* out = w.y + col * w.rows + row;
-    *out = accumulate ? *out + value : value;
+    if (row < w.rows && col < n) store_output(w, row, col, accumulate, value);
   };
   if (splits == 1) {
 #pragma unroll
@@ -289,6 +326,92 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < 4; ++i) store(t, i, sums[t][i]);
 }
 
+constexpr int kOrderedThreads = 256;  // threads of a block of matvec_in_tile_order_kernel
+constexpr int kOrderedInFlight = 4;   // slices a lane loads before it uses the first
+// Activation rows up to which integer-scale products take matvec_in_tile_order_kernel rather than tiles: on an H200
+// it took a decoding step of the 8B Q4_K_M from 9.5 to 7.2 ms at one row and from 10.1 to 9.1 at two, and lost at 4.
+constexpr int64_t kMaxOrderedRows = 2;
+
+// Weight rows of a thread block of the matrix-vector pass: enough slices for kOrderedInFlight a lane.
+int64_t ordered_rows_per_block(int64_t k_tiles, int slices) {
+  return std::max<int64_t>(1, kOrderedThreads * kOrderedInFlight / (k_tiles * slices));
+}
+
+// The matrix-vector pass in the tile kernel's order (see the top of the file) over kCols activation rows (n of them)
+// and weights of type T with integer scales, K split as k_split says. A thread block takes rows_per_block weight
+// rows; its lanes first take the slices of their K tiles, consecutive lanes on consecutive slices of a row, and
+// keep each tile's factor of each activation row in shared memory; then a thread for each (row, activation row)
+// adds the terms up.
+template <TensorType T, int kCols>
+__global__ void __launch_bounds__(kOrderedThreads)
+    matvec_in_tile_order_kernel(MatvecSegment w, int64_t cols, ProductInput x, int n, bool accumulate, int splits,
+                                int tiles_per_split, int rows_per_block) {
+  using D = Decoder<T>;
+  constexpr int kSlices = D::kSlices;
+  static_assert(kOrderedThreads % kSlices == 0, "a lane takes the same slice of every tile it visits");
+  extern __shared__ float inner[];  // [row of the block][tile][activation row]
+  start_successor();
+  const int tiles = static_cast<int>(cols / kTileK);
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int block_rows = static_cast<int>(min(static_cast<int64_t>(rows_per_block), w.rows - first_row));
+  const int items = block_rows * tiles * kSlices;  // (row, tile, slice), slice fastest
+  const int slice = static_cast<int>(threadIdx.x) % kSlices;
+  const unsigned team_mask = ((1u << kSlices) - 1) << (static_cast<int>(threadIdx.x) % kWarpSize / kSlices * kSlices);
+
+  bool waited = false;
+  for (int base = static_cast<int>(threadIdx.x); base < items; base += kOrderedThreads * kOrderedInFlight) {
+    // Items past the end load the block's last one of this slice again (from cache), unused: without a branch the
+    // loads all issue before the first is used.
+    typename D::Slice slices[kOrderedInFlight];
+#pragma unroll
+    for (int u = 0; u < kOrderedInFlight; ++u) {
+      const int unit = min(base + u * kOrderedThreads, items - kSlices + slice) / kSlices;
+      slices[u] = D::load(w.weight, first_row * tiles + unit, slice);
+    }
+    if (!waited) {
+      wait_for_predecessor();  // the activations (and y) are written by earlier kernels
+      waited = true;
+    }
+#pragma unroll
+    for (int u = 0; u < kOrderedInFlight; ++u) {
+      const int item = base + u * kOrderedThreads;
+      if (item >= items) break;  // alike in a team's lanes, which share the tile
+      const int unit = item / kSlices;
+      const int64_t element = static_cast<int64_t>(unit % tiles) * kTileK;
+#pragma unroll
+      for (int b = 0; b < kCols; ++b) {
+        if (b >= n) break;
+        const int64_t first = b * cols + element;
+        decode::ScaledSums sums = decode::scaled_sums(slices[u], x.q + first, x.scales + first / kActivationBlock,
+                                                      [&](int g) { return D::group_start(slice, g); });
+#pragma unroll
+        for (int m = 1; m < kSlices; m *= 2) {
+          sums.sum += __shfl_xor_sync(team_mask, sums.sum, m);
+          sums.offset += __shfl_xor_sync(team_mask, sums.offset, m);
+        }
+        if (slice == 0) inner[unit * kCols + b] = tile_inner(slices[u].d, slices[u].dmin, sums.sum, sums.offset);
+      }
+    }
+  }
+  if (!waited) wait_for_predecessor();
+  __syncthreads();
+
+  for (int i = static_cast<int>(threadIdx.x); i < block_rows * n; i += kOrderedThreads) {
+    const int r = i / n;
+    const int b = i % n;
+    const float* row_inner = inner + r * tiles * kCols + b;
+    const ActivationScale* xs = x.scales + b * cols / kActivationBlock;
+    float total = 0.0f;
+    for (int split = 0; split < splits; ++split) {
+      float acc = 0.0f;
+      for (int tile = split * tiles_per_split; tile < min(tiles, (split + 1) * tiles_per_split); ++tile)
+        acc = add_tile(acc, xs[tile * (kTileK / kActivationBlock)].d, row_inner[tile * kCols]);
+      total = splits == 1 ? acc : total + acc;  // as the tile kernel stores a lone split, or adds the parts
+    }
+    store_output(w, first_row + r, b, accumulate, total);
+  }
+}
+
 template <TensorType T>
 constexpr bool kTiled = Decoder<T>::kBlockElements >= kActivationBlock;
 
@@ -315,21 +438,33 @@ bool has_matmul_q8(TensorType type) {
 
 void matmul_q8(TensorType type, const MatvecSegment& segment, int64_t cols, const ProductInput& x, int64_t n,
                bool accumulate, const TileScratch& scratch, gpuStream_t stream) {
-  static const int multiprocessors = device_info().multiprocessors;  // asks the driver: once
   if (!x.q || !x.scales) fail_with("matmul_q8: the activations have no 8-bit form");
   with_decoder(type, [&]<TensorType T>() {
     if constexpr (kTiled<T>) {
+      const int64_t row_tiles = (segment.rows + kTileRows - 1) / kTileRows;
+      const int64_t k_tiles = (cols + kTileK - 1) / kTileK;
+      const KSplit split = k_split(segment.rows, k_tiles);
+      const int64_t splits = split.splits;
+      if constexpr (Tiling<T>::kIntegerScales) {
+        if (n <= kMaxOrderedRows) {
+          const int64_t rows_per_block = ordered_rows_per_block(k_tiles, Decoder<T>::kSlices);
+          const auto ordered = [&]<int kCols>() {
+            launch_overlapped("matvec_in_tile_order", matvec_in_tile_order_kernel<T, kCols>,
+                              dim3(static_cast<unsigned>((segment.rows + rows_per_block - 1) / rows_per_block)),
+                              dim3(kOrderedThreads), rows_per_block * k_tiles * kCols * sizeof(float), stream, segment,
+                              cols, x, static_cast<int>(n), accumulate, static_cast<int>(splits),
+                              static_cast<int>(split.tiles_per_split), static_cast<int>(rows_per_block));
+          };
+          if (n == 1)
+            ordered.template operator()<1>();
+          else
+            ordered.template operator()<kMaxOrderedRows>();
+          return;
+        }
+      }
       // Activation rows a thread block takes: n rounded up to 8, 16 or 32 where it is that small, else kMaxTileCols.
       const auto launch = [&]<int kColTiles>() {
         constexpr int kCols = 8 * kColTiles;
-        const int64_t row_tiles = (segment.rows + kTileRows - 1) / kTileRows;
-        // K is split where the row tiles alone give fewer than kMatmulQ8BlocksPerMultiprocessor thread blocks a
-        // multiprocessor, each split taking at least one K tile: by the matrix alone, not the batch.
-        const int64_t k_tiles = (cols + kTileK - 1) / kTileK;
-        const int64_t wanted = tuning::kMatmulQ8BlocksPerMultiprocessor * multiprocessors;
-        int64_t splits = std::clamp<int64_t>((wanted + row_tiles - 1) / row_tiles, 1, k_tiles);
-        const int64_t tiles_per_split = (k_tiles + splits - 1) / splits;
-        splits = (k_tiles + tiles_per_split - 1) / tiles_per_split;
         const auto launch_columns = [&](int64_t first, int64_t count, unsigned col_tiles) {
           ProductInput columns = x;
           columns.q += first * cols;
@@ -339,7 +474,8 @@ void matmul_q8(TensorType type, const MatvecSegment& segment, int64_t cols, cons
           launch_overlapped("matmul_q8", matmul_q8_kernel<T, kColTiles>,
                             dim3(static_cast<unsigned>(row_tiles), col_tiles, static_cast<unsigned>(splits)),
                             dim3(kThreads), 0, stream, out, cols, columns, count, accumulate, static_cast<int>(splits),
-                            scratch.parts.as<float>(), scratch.arrivals.as<unsigned>());
+                            static_cast<int>(split.tiles_per_split), scratch.parts.as<float>(),
+                            scratch.arrivals.as<unsigned>());
         };
         if (splits == 1) {
           launch_columns(0, n, static_cast<unsigned>((n + kCols - 1) / kCols));
