@@ -22,9 +22,10 @@
 //
 // Prompts (several query tokens): flash-attention style, with an online softmax, so no score matrix is ever stored.
 // On CUDA, heads of 64 and 128 values go on tensor cores (attention_prompt_tensor_core_kernel: 16 tokens of a head a
-// warp, tiles of keys and values shared by a thread block). Otherwise a team of 32 lanes owns one (token, head), keeps
-// the query in shared memory and the output accumulator in registers (lane l has dimensions l, l + 32, ...) and
-// streams over the keys and values the token may see, 32 at a time. The tokens of a paged batch (many sequences, each
+// warp, tiles of keys and values shared by a thread block). Otherwise a thread block owns one (token, head), keeps
+// the query in shared memory, and its teams of 32 lanes stream over the keys and values the token may see, 32 at a
+// time, each team every kTeams-th step, with its output accumulator in registers (lane l has dimensions l, l + 32,
+// ...); the teams' softmaxes then merge. The tokens of a paged batch (many sequences, each
 // through its block table) take that scalar kernel too, decoding tokens and prompt tokens alike.
 #include <algorithm>
 #include <cmath>
@@ -726,29 +727,30 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
   }
 }
 
-// `Rows` (pass_rows.cuh): where each token is in its sequence, and which cache row holds a position of it.
+// `Rows` (pass_rows.cuh): where each token is in its sequence, and which cache row holds a position of it. A thread
+// block takes one (token, head); its kTeams teams take every kTeams-th step of 32 positions, each with its own running
+// softmax, and then merge them in team order: the positions of a decoding token are scanned kTeams ways at once, and
+// a token's result depends on its own positions alone, not on the batch beside it.
 template <int kDimsPerLane, typename Rows>
 __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionShape shape, const float* q,
                                                                     const uint16_t* keys, const uint16_t* values,
-                                                                    int64_t n_tokens, Rows rows, float scale,
-                                                                    float* out) {
+                                                                    Rows rows, float scale, float* out) {
   start_successor();
   wait_for_predecessor();
-  __shared__ float4 q_shared[kTeams][kMaxHeadDim / 4];
+  __shared__ float q_block[kMaxHeadDim];
+  __shared__ float team_acc[kTeams][kMaxHeadDim];
+  __shared__ float team_maximum[kTeams];
+  __shared__ float team_total[kTeams];
   const int team = static_cast<int>(threadIdx.x / kTeam);
   const int lane = static_cast<int>(threadIdx.x % kTeam);
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kTeams + team;
-  const bool valid = item < n_tokens * shape.n_heads;
-  const int64_t t = valid ? item / shape.n_heads : 0;
-  const int64_t head = item % shape.n_heads;
+  const int64_t t = blockIdx.x / shape.n_heads;
+  const int64_t head = blockIdx.x % shape.n_heads;
   const int64_t head_dim = shape.head_dim;
   const int64_t kv_offset = head / shape.heads_per_kv_head() * head_dim;
   const int64_t kv_dim = shape.kv_dim();
   const float* q_head = q + t * shape.q_dim() + head * head_dim;
-  auto* q_team = reinterpret_cast<float*>(q_shared[team]);
-  for (int64_t d = lane; d < head_dim; d += kTeam) q_team[d] = valid ? q_head[d] * scale : 0.0f;
+  for (int64_t d = threadIdx.x; d < head_dim; d += kThreads) q_block[d] = q_head[d] * scale;
   __syncthreads();
-  if (!valid) return;
 
   float acc[kDimsPerLane] = {};
   float maximum = -INFINITY;
@@ -759,7 +761,7 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
   // 32 keys per step, one per lane: lane k scores key first + k on its own (the query is in shared memory,
   // the key row is read 16 bytes at a time), the team takes the step's maximum and sum, and then every lane
   // accumulates the weighted values of the 32 keys for its dimensions (l, l + 32, ...).
-  for (int64_t first = start; first < positions; first += kTeam) {
+  for (int64_t first = start + team * kTeam; first < positions; first += kTeams * kTeam) {
     const int64_t p = first + lane;
     float score = -INFINITY;
     if (p < positions) {
@@ -770,12 +772,12 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
         for (; d < head_dim; d += 8) {
           float k[8];
           widen_8_halves(load_16(key + d), k);
-          dot += dot_8(k, q_team + d);
+          dot += dot_8(k, q_block + d);
         }
       }
       for (; d < head_dim; d += 2) {
         const float2 k = load_halves(key + d);
-        dot += q_team[d] * k.x + q_team[d + 1] * k.y;
+        dot += q_block[d] * k.x + q_block[d + 1] * k.y;
       }
       score = shape.cap > 0.0f ? shape.cap * tanhf(dot / shape.cap) : dot;
     }
@@ -797,11 +799,31 @@ __global__ void __launch_bounds__(kThreads) attention_prompt_kernel(AttentionSha
     }
     maximum = step_maximum;
   }
-  float* out_head = out + t * shape.q_dim() + head * head_dim;
+
+  // A team without positions has maximum -inf and adds nothing.
+  if (lane == 0) {
+    team_maximum[team] = maximum;
+    team_total[team] = sum;
+  }
 #pragma unroll
   for (int j = 0; j < kDimsPerLane; ++j) {
     const int64_t d = lane + j * kTeam;
-    if (d < head_dim) out_head[d] = acc[j] / sum;
+    if (d < head_dim) team_acc[team][d] = acc[j];
+  }
+  __syncthreads();
+  float merged_maximum = -INFINITY;
+  for (int i = 0; i < kTeams; ++i) merged_maximum = fmaxf(merged_maximum, team_maximum[i]);
+  float weights[kTeams];
+  float merged_sum = 0.0f;
+  for (int i = 0; i < kTeams; ++i) {
+    weights[i] = expf(team_maximum[i] - merged_maximum);
+    merged_sum += team_total[i] * weights[i];
+  }
+  float* out_head = out + t * shape.q_dim() + head * head_dim;
+  for (int64_t d = threadIdx.x; d < head_dim; d += kThreads) {
+    float value = 0.0f;
+    for (int i = 0; i < kTeams; ++i) value += team_acc[i][d] * weights[i];
+    out_head[d] = value / merged_sum;
   }
 }
 
@@ -991,10 +1013,10 @@ template <typename Rows>
 void launch_attention_scalar(const AttentionShape& shape, const float* q, const uint16_t* key_cache,
                              const uint16_t* value_cache, int64_t n_tokens, const Rows& rows, float* out,
                              gpuStream_t stream) {
-  const auto blocks = static_cast<unsigned>((n_tokens * shape.n_heads + kTeams - 1) / kTeams);
+  const auto blocks = static_cast<unsigned>(n_tokens * shape.n_heads);
   const auto run = [&]<int kDimsPerLane>() {
     launch_overlapped("attention_prompt", attention_prompt_kernel<kDimsPerLane, Rows>, blocks, kThreads, 0, stream,
-                      shape, q, key_cache, value_cache, n_tokens, rows, shape.scale, out);
+                      shape, q, key_cache, value_cache, rows, shape.scale, out);
   };
   if (shape.head_dim <= 32)
     run.template operator()<1>();
