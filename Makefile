@@ -12,7 +12,8 @@ endif
 PACKAGES := cmake ninja-build g++ clang libclang-rt-14-dev pkg-config nlohmann-json3-dev libcpp-httplib-dev \
             libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libgtest-dev libbenchmark-dev
 
-.PHONY: all deps build build-asan build-fuzz build-cuda build-hip run test test-release test-asan fuzz bench clean
+.PHONY: all deps build build-asan build-fuzz build-cuda build-hip run test test-release test-asan openai-client fuzz bench \
+        clean
 
 all: build
 
@@ -77,11 +78,25 @@ run: build
 
 test: test-release test-asan fuzz build-cuda build-hip
 
-test-release: build
+test-release: build openai-client
 	cd build && ctest --output-on-failure -j $(JOBS)
 
-test-asan: build-asan
+test-asan: build-asan openai-client
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+
+# OpenAI's Node client, which tests/server/openai_client_test.cpp runs against `rocmforge serve`: installed from its
+# package-lock.json when missing or older than the lock file. Without npm, or where npm ci fails, that test skips.
+OPENAI_CLIENT := tests/server/openai_client
+
+openai-client:
+	@if [ -f $(OPENAI_CLIENT)/node_modules/.package-lock.json ] && \
+	    [ ! $(OPENAI_CLIENT)/package-lock.json -nt $(OPENAI_CLIENT)/node_modules/.package-lock.json ]; then :; \
+	elif ! command -v npm >/dev/null; then \
+	  echo "openai-client: npm is not installed: the OpenAI client test skips (it needs Node.js 20 or later and npm)"; \
+	else \
+	  npm ci --prefix $(OPENAI_CLIENT) --no-audit --no-fund || \
+	    echo "openai-client: npm ci failed: the OpenAI client test skips"; \
+	fi
 
 # Each fuzz target runs FUZZ_SECONDS; the shared model and vocabulary files seed it (read-only corpus
 # folders after the writable one; libFuzzer cuts each to max_len, so truncated headers are seeds too).

@@ -141,7 +141,7 @@ httplib::Result send(httplib::Client& client, const Hostile& request) {
 }
 
 TEST(HostileTest, EachGetsItsErrorAndTheServerGoesOn) {
-  ServerProcess server({"-m", model_path("stories260K.gguf"), "--device", "cpu", "--threads", "2"});
+  ServerProcess server(serve_args(kStories));
   httplib::Client client = server.client();
   const std::vector<Hostile> requests = hostile_requests();
   EXPECT_GE(requests.size(), 40u);

@@ -1,7 +1,7 @@
 // The `rocmforge serve` binary as the server tests run it: a child process on a free port (--port 0, its port read
 // from the "listening on" line), stdout and stderr in a file (so that its request log never blocks it), stopped with
-// SIGTERM by the test or killed at the end; and what the tests send it: JSON requests and server-sent-event streams
-// through cpp-httplib's client.
+// SIGTERM by the test or killed at the end; what the tests send it: JSON requests and server-sent-event streams
+// through cpp-httplib's client; and the CLI's answers (`rocmforge run --temp 0`, ...) they compare its answers with.
 #pragma once
 #include <fcntl.h>
 #include <signal.h>
@@ -214,5 +214,49 @@ inline std::optional<double> metric(const std::string& text, const std::string& 
     if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
   return std::nullopt;
 }
+
+inline const std::string kStories = "stories260K.gguf";
+inline const std::string kTinyStories = "TinyStories-656K-Q8_0.gguf";
+
+// The arguments that serve `model` on the CPU with two threads (CI's machines have two cores), then `extra`.
+inline std::vector<std::string> serve_args(const std::string& model, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"-m", model_path(model), "--device", "cpu", "--threads", "2"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// A scratch folder per test and the ground truth a server's answers are checked against: what the CLI's commands
+// give for the same model and request.
+class ServerTest : public CliTest {
+ protected:
+  // `rocmforge tokenize --parse-special` of `text`: what the server's prompts tokenize to.
+  size_t token_count(const std::string& model, const std::string& text) {
+    const RunResult result =
+        run(fmt::format("tokenize -m '{}' --parse-special --jsonl", model_path(model)), json(text).dump() + "\n");
+    EXPECT_EQ(result.status, 0) << result.err;
+    return json::parse(result.out).size();
+  }
+
+  // `rocmforge run --temp 0`'s continuation of `prompt` (it prints the prompt first and a line break last).
+  std::string run_greedy(const std::string& model, const std::string& prompt, int tokens) {
+    const RunResult result =
+        run(fmt::format("run -m '{}' --device cpu --temp 0 -n {} -p '{}'", model_path(model), tokens, prompt));
+    EXPECT_EQ(result.status, 0) << result.err;
+    EXPECT_EQ(result.out.substr(0, prompt.size()), prompt);
+    EXPECT_EQ(result.out.back(), '\n');
+    return result.out.substr(prompt.size(), result.out.size() - prompt.size() - 1);
+  }
+
+  // `rocmforge chat --temp 0`'s reply to one user message.
+  std::string chat_greedy(const std::string& model, const std::string& message, const std::string& chat_template,
+                          int tokens) {
+    const RunResult result = run(fmt::format("chat -m '{}' --device cpu --temp 0 -n {} --chat-template {}",
+                                             model_path(model), tokens, chat_template),
+                                 message + "\n");
+    EXPECT_EQ(result.status, 0) << result.err;
+    EXPECT_EQ(result.out.back(), '\n');
+    return result.out.substr(0, result.out.size() - 1);
+  }
+};
 
 }  // namespace rf::test

@@ -16,15 +16,6 @@
 namespace rf::test {
 namespace {
 
-const std::string kStories = "stories260K.gguf";
-const std::string kTinyStories = "TinyStories-656K-Q8_0.gguf";
-
-std::vector<std::string> serve_args(const std::string& model, std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {"-m", model_path(model), "--device", "cpu", "--threads", "2"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
 // The JSON objects of an OpenAI stream's events, which must end with [DONE].
 std::vector<json> openai_chunks(const Stream& stream) {
   EXPECT_TRUE(stream.ended);
@@ -48,38 +39,6 @@ std::string streamed_text(const std::vector<json>& chunks, size_t index = 0) {
     }
   return text;
 }
-
-class ServerTest : public CliTest {
- protected:
-  // `rocmforge tokenize --parse-special` of `text`: what the server's prompts tokenize to.
-  size_t token_count(const std::string& model, const std::string& text) {
-    const RunResult result =
-        run(fmt::format("tokenize -m '{}' --parse-special --jsonl", model_path(model)), json(text).dump() + "\n");
-    EXPECT_EQ(result.status, 0) << result.err;
-    return json::parse(result.out).size();
-  }
-
-  // `rocmforge run --temp 0`'s continuation of `prompt` (it prints the prompt first and a line break last).
-  std::string run_greedy(const std::string& model, const std::string& prompt, int tokens) {
-    const RunResult result =
-        run(fmt::format("run -m '{}' --device cpu --temp 0 -n {} -p '{}'", model_path(model), tokens, prompt));
-    EXPECT_EQ(result.status, 0) << result.err;
-    EXPECT_EQ(result.out.substr(0, prompt.size()), prompt);
-    EXPECT_EQ(result.out.back(), '\n');
-    return result.out.substr(prompt.size(), result.out.size() - prompt.size() - 1);
-  }
-
-  // `rocmforge chat --temp 0`'s reply to one user message.
-  std::string chat_greedy(const std::string& model, const std::string& message, const std::string& chat_template,
-                          int tokens) {
-    const RunResult result = run(fmt::format("chat -m '{}' --device cpu --temp 0 -n {} --chat-template {}",
-                                             model_path(model), tokens, chat_template),
-                                 message + "\n");
-    EXPECT_EQ(result.status, 0) << result.err;
-    EXPECT_EQ(result.out.back(), '\n');
-    return result.out.substr(0, result.out.size() - 1);
-  }
-};
 
 TEST_F(ServerTest, CompletionsGiveRunsGreedyText) {
   for (const std::string& model : {kStories, kTinyStories}) {
