@@ -85,7 +85,8 @@ test-asan: build-asan openai-client
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
 # OpenAI's Node client, which tests/server/openai_client_test.cpp runs against `rocmforge serve`: installed from its
-# package-lock.json when missing or older than the lock file. Without npm, or where npm ci fails, that test skips.
+# package-lock.json when missing or older than the lock file. Without npm, or where npm ci fails, that test skips; a
+# machine without the registry gives up after a minute or two rather than npm's default five minutes a try.
 OPENAI_CLIENT := tests/server/openai_client
 
 openai-client:
@@ -94,7 +95,7 @@ openai-client:
 	elif ! command -v npm >/dev/null; then \
 	  echo "openai-client: npm is not installed: the OpenAI client test skips (it needs Node.js 20 or later and npm)"; \
 	else \
-	  npm ci --prefix $(OPENAI_CLIENT) --no-audit --no-fund || \
+	  npm ci --prefix $(OPENAI_CLIENT) --no-audit --no-fund --fetch-timeout=60000 --fetch-retries=1 || \
 	    echo "openai-client: npm ci failed: the OpenAI client test skips"; \
 	fi
 
