@@ -234,33 +234,51 @@ void for_each_setting(const std::string& name, const Check& check) {
     }
 }
 
-// Prompts of different lengths, one of them in two chunks (None, then Last) and one with every row's logits; then
-// continuations at the positions the prompts reached, with a new prompt beside them; then decode steps of a token
-// each, crossing block boundaries. With max_batch 5 the same batches run in passes that cut sequences apart. With
-// float activations, then with 8-bit ones. `Runs`: a PagedBatch; `name`: a model of paged_models().
+// Prompts of different lengths, one of them in two chunks (None, then its last token's row) and one with every row's
+// logits; then continuations at the positions the prompts reached, with a new prompt beside them; then decode steps of
+// a token each, crossing block boundaries. With max_batch 5 the same batches run in passes that cut sequences apart.
+// With float activations, then with 8-bit ones. With `argmax`, some sequences ask for the index of their last token's
+// largest logit (Argmax) instead of its row (Last), beside sequences that ask for rows or none, in a mix that changes
+// from decode step to decode step (the GPU replays one decoding graph for all of them); PagedBatch::step runs each
+// such batch again with Last in place of Argmax, which the argmax must match. `Runs`: a PagedBatch; `name`: a model
+// of paged_models().
 template <typename Runs>
-void expect_sequences_get_the_logits_they_get_alone(const std::string& name) {
+void expect_sequences_of_the_scenario_get_what_they_get_alone(const std::string& name, bool argmax) {
   using model::Logits;
+  // What a sequence asks for of its last token where it may ask for the argmax.
+  const auto newest = [argmax](bool asks_argmax) { return argmax && asks_argmax ? Logits::Argmax : Logits::Last; };
   for_each_setting<Runs>(name, [&](Runs& runs, const std::string& run) {
     const model::ModelConfig& c = runs.config();
     Sequence& a = runs.start();
     Sequence& b = runs.start();
     Sequence& chunked = runs.start();
     Sequence& late = runs.start();
-    runs.step({{&a, tokens_of(c, 21, 1)},
+    runs.step({{&a, tokens_of(c, 21, 1), newest(true)},
                {&b, tokens_of(c, 5, 2), Logits::All},
                {&chunked, tokens_of(c, 12, 3), Logits::None}});
-    runs.step({{&a, tokens_of(c, 7, 4)},
-               {&chunked, tokens_of(c, 9, 5)},
-               {&late, tokens_of(c, 30, 6)},
+    runs.step({{&a, tokens_of(c, 7, 4), newest(false)},
+               {&chunked, tokens_of(c, 9, 5), newest(true)},
+               {&late, tokens_of(c, 30, 6), newest(true)},
                {&b, tokens_of(c, 3, 7), Logits::All}});
-    for (uint32_t token = 0; token < 12; ++token)
-      runs.step({{&late, tokens_of(c, 1, 10 + token)},
-                 {&a, tokens_of(c, 1, 30 + token)},
-                 {&b, tokens_of(c, 1, 50 + token)},
-                 {&chunked, tokens_of(c, 1, 70 + token)}});
-    runs.report(name + ", " + run);
+    for (uint32_t token = 0; token < 12; ++token) {
+      const auto which = [&](uint32_t sequence) { return newest(token % 3 == 0 || (token + sequence) % 2 == 0); };
+      runs.step({{&late, tokens_of(c, 1, 10 + token), which(0)},
+                 {&a, tokens_of(c, 1, 30 + token), which(1)},
+                 {&b, tokens_of(c, 1, 50 + token), which(2)},
+                 {&chunked, tokens_of(c, 1, 70 + token), which(3)}});
+    }
+    runs.report(name + (argmax ? ", argmax, " : ", ") + run);
   });
+}
+
+template <typename Runs>
+void expect_sequences_get_the_logits_they_get_alone(const std::string& name) {
+  expect_sequences_of_the_scenario_get_what_they_get_alone<Runs>(name, false);
+}
+
+template <typename Runs>
+void expect_argmax_sequences_get_their_largest_logit(const std::string& name) {
+  expect_sequences_of_the_scenario_get_what_they_get_alone<Runs>(name, true);
 }
 
 // Copy on write: B starts as a fork of A, sharing A's full first block and taking a copy of its partly filled
@@ -286,41 +304,6 @@ void expect_forked_sequence_continues_from_a_copied_block(const std::string& nam
   for (uint32_t token = 0; token < 4; ++token)
     runs.step({{&b, tokens_of(c, 1, 10 + token)}, {&a, tokens_of(c, 1, 20 + token)}});
   runs.report(name + ", fork");
-}
-
-// Sequences that ask for the index of their last token's largest logit (Argmax) beside sequences that ask for logits
-// (Last, All) or none: prompts, one of them in two chunks, continuations, then decode steps in which every sequence
-// asks for its argmax, or some do and the others for logits, which changes from step to step (the GPU replays one
-// decoding graph for all of them). PagedBatch::step runs each batch again with Last in place of Argmax, which the
-// argmax must match. In passes of 512 and of 5 tokens, with float and 8-bit activations. `Runs`: a PagedBatch;
-// `name`: a model of paged_models().
-template <typename Runs>
-void expect_argmax_sequences_get_their_largest_logit(const std::string& name) {
-  using model::Logits;
-  for_each_setting<Runs>(name, [&](Runs& runs, const std::string& run) {
-    const model::ModelConfig& c = runs.config();
-    Sequence& a = runs.start();
-    Sequence& b = runs.start();
-    Sequence& chunked = runs.start();
-    Sequence& late = runs.start();
-    runs.step({{&a, tokens_of(c, 21, 1), Logits::Argmax},
-               {&b, tokens_of(c, 5, 2), Logits::All},
-               {&chunked, tokens_of(c, 12, 3), Logits::None}});
-    runs.step({{&a, tokens_of(c, 7, 4), Logits::Last},
-               {&chunked, tokens_of(c, 9, 5), Logits::Argmax},
-               {&late, tokens_of(c, 30, 6), Logits::Argmax},
-               {&b, tokens_of(c, 3, 7), Logits::All}});
-    for (uint32_t token = 0; token < 12; ++token) {
-      const auto which = [token](uint32_t sequence) {
-        return token % 3 == 0 || (token + sequence) % 2 == 0 ? Logits::Argmax : Logits::Last;
-      };
-      runs.step({{&late, tokens_of(c, 1, 10 + token), which(0)},
-                 {&a, tokens_of(c, 1, 30 + token), which(1)},
-                 {&b, tokens_of(c, 1, 50 + token), which(2)},
-                 {&chunked, tokens_of(c, 1, 70 + token), which(3)}});
-    }
-    runs.report(name + ", argmax, " + run);
-  });
 }
 
 inline void expect_error_naming(const std::string& message, const std::string& part) {

@@ -35,11 +35,25 @@ std::vector<float> row_for(int32_t token) {
   return row;
 }
 
+// A row of logits whose most likely token is `token` (10), with `runner_up` next at `logit`.
+std::vector<float> row_for(int32_t token, int32_t runner_up, float logit) {
+  std::vector<float> row = row_for(token);
+  row[static_cast<size_t>(runner_up)] = logit;
+  return row;
+}
+
 std::vector<float> random_row(uint32_t seed) {
   return test::random_normal(static_cast<size_t>(stories().n_vocab()), seed, 3.0f);
 }
 
 using test::greedy;
+
+// Greedy choice under a repeat penalty of 2: a token seen before falls from 10 to 5, below a runner-up at 9.
+GenerationParams greedy_penalizing_repeats() {
+  GenerationParams params = greedy(8);
+  params.sampling.repeat_penalty = 2.0f;
+  return params;
+}
 
 // Token ids of " Once", " upon", " a", " time": pieces without multi-byte characters.
 struct Words {
@@ -201,8 +215,7 @@ TEST(Sequence, CancelFinishesBetweenStepsWithTheHeldBackText) {
 
 TEST(Sequence, LogitBiasBansAndForces) {
   const Words w = words();
-  std::vector<float> row = row_for(w.once);
-  row[static_cast<size_t>(w.upon)] = 5.0f;
+  const std::vector<float> row = row_for(w.once, w.upon, 5.0f);
   GenerationParams params = greedy(8);
   params.sampling.logit_bias = {{w.once, -sampling::kMaxLogitBias}};
   EXPECT_EQ(Sequence({}, params, stories()).step(row, false).token, w.upon);
@@ -237,10 +250,8 @@ TEST(Sequence, LogprobsAreThoseOfTheRowGiven) {
 
 TEST(Sequence, PenaltiesSeeThePromptAsHistory) {
   const Words w = words();
-  std::vector<float> row = row_for(w.once);
-  row[static_cast<size_t>(w.upon)] = 9.0f;
-  GenerationParams params = greedy(8);
-  params.sampling.repeat_penalty = 2.0f;
+  const std::vector<float> row = row_for(w.once, w.upon, 9.0f);
+  const GenerationParams params = greedy_penalizing_repeats();
   EXPECT_EQ(Sequence({}, params, stories()).step(row, false).token, w.once);
   const std::vector<int32_t> prompt = {w.time, w.once};
   EXPECT_EQ(Sequence(prompt, params, stories()).step(row, false).token, w.upon);
@@ -266,13 +277,9 @@ TEST(Sequence, StepWithATokenIsTheStepWithLogitsThatChooseIt) {
 
 TEST(Sequence, PenaltiesSeeTheTokensStepsWereGiven) {
   const Words w = words();
-  std::vector<float> row = row_for(w.once);
-  row[static_cast<size_t>(w.upon)] = 9.0f;
-  GenerationParams params = greedy(8);
-  params.sampling.repeat_penalty = 2.0f;
-  Sequence sequence({}, params, stories());
+  Sequence sequence({}, greedy_penalizing_repeats(), stories());
   sequence.step(w.once, false);
-  EXPECT_EQ(sequence.step(row, false).token, w.upon);
+  EXPECT_EQ(sequence.step(row_for(w.once, w.upon, 9.0f), false).token, w.upon);
 }
 
 TEST(Sequence, StepsFromArgmaxWhereGreedyChoiceNeedsNothingElse) {
