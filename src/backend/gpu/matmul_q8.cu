@@ -328,9 +328,8 @@ __global__ void __launch_bounds__(kThreads)
 
 constexpr int kOrderedThreads = 256;  // threads of a block of matvec_in_tile_order_kernel
 constexpr int kOrderedInFlight = 4;   // slices a lane loads before it uses the first
-// Activation rows up to which integer-scale products take matvec_in_tile_order_kernel rather than tiles: on an H200
-// (8B Q4_K_M, a decoding step) it beat the tiles at 1 and 2 rows (7.2 against 9.5 ms, 9.1 against 10.1) and lost from
-// 4 on (9.7 against 7.6 ms at 4 rows, 15.6 against 8.0 at 8).
+// Activation rows up to which integer-scale products take matvec_in_tile_order_kernel rather than tiles: from 4 rows
+// on the tiles were faster on an H200 (PERFORMANCE.md, ideas not kept).
 constexpr int64_t kMaxOrderedRows = 2;
 
 // Weight rows of a thread block of the matrix-vector pass: enough slices for kOrderedInFlight a lane.
